@@ -1,0 +1,24 @@
+"""Root pytest configuration: make the Ascend stack importable on a CPU machine before anything else runs.
+
+verl computes ``is_npu_available`` when it is first imported and vllm-ascend imports ``torch_npu`` at module
+level, so the ``torch_npu`` stub must be in place before any test module (or plugin) imports verl or vLLM.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from r1_ascend.testing import npu_stub  # noqa: E402
+
+npu_stub.install()
+
+
+def pytest_report_header() -> list[str]:
+    from r1_ascend.stack import installed_version
+
+    names = ("verl", "vllm", "vllm-ascend", "megatron-core", "torch", "transformers", "ray")
+    versions = ", ".join(f"{n} {installed_version(n) or 'missing'}" for n in names)
+    return [f"upstream: {versions}", "torch_npu: CPU stub (no NPU), MindSpeed: fake (r1_ascend.testing)"]

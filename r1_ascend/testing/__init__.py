@@ -1,0 +1,1 @@
+"""Test-only doubles for the Ascend software stack (never imported by production code)."""
