@@ -1,0 +1,126 @@
+"""Apply the registered patches in order, honouring the switches, once per process."""
+
+from __future__ import annotations
+
+import enum
+import importlib
+import logging
+import os
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from r1_ascend import envs
+from r1_ascend.stack import installed_version
+
+from ._errors import PatchConfigError, PatchError, PatchVersionError
+from ._registry import PATCHES, PatchSpec
+
+logger = logging.getLogger(__name__)
+
+
+class Status(enum.Enum):
+    APPLIED = "applied"
+    ALREADY_APPLIED = "already applied"
+    DISABLED = "disabled"
+
+
+@dataclass(frozen=True)
+class PatchResult:
+    name: str
+    status: Status
+
+
+_lock = threading.Lock()
+_results: dict[str, PatchResult] = {}
+
+
+def check_versions(spec: PatchSpec) -> None:
+    """Raise ``PatchVersionError`` unless every required distribution is installed at the pinned version."""
+    for dist, wanted in spec.requires.items():
+        found = installed_version(dist)
+        if found is None or found.split("+", 1)[0] != wanted:
+            msg = (
+                f"patch {spec.name!r} was written for {dist}=={wanted}, but {dist} is "
+                f"{'not installed' if found is None else found}. Install the pinned stack (r1_ascend/stack.toml), "
+                f"or, if you are upgrading, check the patch's 'Remove when' condition and disable it with "
+                f"R1_ASCEND_DISABLE={spec.name}."
+            )
+            raise PatchVersionError(msg)
+
+
+def resolve_switches(
+    disabled: Iterable[str] | None = None, *, disable_all: bool | None = None, specs: Sequence[PatchSpec] = PATCHES
+) -> set[str]:
+    """The set of patch names to skip, from arguments or the environment; unknown names are an error."""
+    names = {spec.name for spec in specs}
+    if disable_all if disable_all is not None else envs.disable_all():
+        return names
+    chosen = list(disabled) if disabled is not None else envs.disabled_patch_names()
+    unknown = sorted(set(chosen) - names)
+    if unknown:
+        msg = (
+            f"unknown patch name(s) in {envs.R1_ASCEND_DISABLE}: {', '.join(unknown)}; "
+            f"valid names: {', '.join(sorted(names))}"
+        )
+        raise PatchConfigError(msg)
+    return set(chosen)
+
+
+def apply_one(spec: PatchSpec) -> Status:
+    """Check versions, import the patch module and run its ``apply(spec)``; errors name the patch."""
+    with _lock:
+        done = _results.get(spec.name)
+    if done is not None and done.status is Status.APPLIED:
+        return Status.ALREADY_APPLIED
+    check_versions(spec)
+    module = importlib.import_module(spec.module)
+    try:
+        module.apply(spec)
+    except PatchError:
+        raise
+    except Exception as exc:
+        msg = f"patch {spec.name!r} failed to apply: {type(exc).__name__}: {exc}"
+        raise PatchError(msg) from exc
+    with _lock:
+        _results[spec.name] = PatchResult(spec.name, Status.APPLIED)
+    return Status.APPLIED
+
+
+def apply_all(
+    disabled: Iterable[str] | None = None,
+    *,
+    disable_all: bool | None = None,
+    specs: Sequence[PatchSpec] = PATCHES,
+) -> list[PatchResult]:
+    """Apply every enabled patch in registry order; idempotent. Returns one result per patch."""
+    skip = resolve_switches(disabled, disable_all=disable_all, specs=specs)
+    results = []
+    for spec in specs:
+        if spec.name in skip:
+            results.append(PatchResult(spec.name, Status.DISABLED))
+            continue
+        results.append(PatchResult(spec.name, apply_one(spec)))
+    return results
+
+
+def applied_names() -> list[str]:
+    with _lock:
+        return [name for name, result in _results.items() if result.status is Status.APPLIED]
+
+
+def forget_applied() -> None:
+    """Forget what was applied (tests pair it with ``restore_all``)."""
+    with _lock:
+        _results.clear()
+
+
+def summary_line(results: Sequence[PatchResult]) -> str:
+    def names(status: Status) -> str:
+        chosen = [r.name for r in results if r.status is status]
+        return ",".join(chosen) if chosen else "none"
+
+    return (
+        f"r1-ascend overlay (pid {os.getpid()}): applied={names(Status.APPLIED)} "
+        f"already={names(Status.ALREADY_APPLIED)} disabled={names(Status.DISABLED)}"
+    )

@@ -1,0 +1,131 @@
+"""The ordered registry of patches: what each one replaces, on which upstream version, in which process.
+
+Order matters and is deliberate:
+1. ``vllm_engine_kv_cache_configs`` and 2. ``vllm_dp_ep_groups`` change vLLM itself and must be in place
+   before any rollout engine is built;
+3. ``vllm_rollout_offload`` swaps verl's sync vLLM rollout for ours, which relies on 1 and 2;
+4. ``mindspeed_torch_compile`` wraps the worker method that builds that rollout;
+5. ``verl_onpolicy_logprob`` changes the actor update and depends on nothing above.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from ._target import Target
+
+#: Processes a patch must reach. verl colocates actor, reference and rollout in one Ray worker ("WorkerDict"),
+#: so "worker" covers training and rollout; "driver" is the TaskRunner that builds the trainer.
+PROCESSES = ("driver", "worker", "vllm-engine")
+
+
+@dataclass(frozen=True)
+class PatchSpec:
+    name: str  # = module name = the token accepted by R1_ASCEND_DISABLE
+    summary: str  # one line, imperative
+    targets: tuple[Target, ...]
+    requires: Mapping[str, str]  # distribution -> exact pinned version the patch was written against
+    processes: tuple[str, ...]
+    upstream_commits: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # non-PyPI upstream
+
+    @property
+    def module(self) -> str:
+        return f"r1_ascend.patches.{self.name}"
+
+    def target(self, attribute: str) -> Target:
+        """The declared target whose ``attribute`` (dotted inside its module) is ``attribute``."""
+        for target in self.targets:
+            if target.attribute == attribute:
+                return target
+        msg = f"patch {self.name!r} declares no target {attribute!r} (declared: {[t.attribute for t in self.targets]})"
+        raise KeyError(msg)
+
+
+_SPMD = "verl.workers.rollout.vllm_rollout.vllm_rollout_spmd"
+_MEGATRON_WORKERS = "verl.workers.megatron_workers"
+
+PATCHES: tuple[PatchSpec, ...] = (
+    PatchSpec(
+        name="vllm_engine_kv_cache_configs",
+        summary="Keep the KV-cache configs the engine was initialised with, so caches can be rebuilt identically.",
+        targets=(
+            Target("vllm.v1.engine.core", "EngineCore._initialize_kv_caches", "vllm", params=("self", "vllm_config")),
+        ),
+        requires=MappingProxyType({"vllm": "0.9.1"}),
+        processes=("worker", "vllm-engine"),
+    ),
+    PatchSpec(
+        name="vllm_dp_ep_groups",
+        summary="Build vLLM's data-parallel and expert-parallel groups across all rollout ranks.",
+        targets=(
+            Target(
+                _SPMD,
+                "vLLMRollout.__init__",
+                "verl",
+                params=("self", "config", "model_config", "device_mesh"),
+            ),
+        ),
+        requires=MappingProxyType({"verl": "0.6.1", "vllm": "0.9.1", "vllm-ascend": "0.9.1"}),
+        processes=("worker",),
+    ),
+    PatchSpec(
+        name="vllm_rollout_offload",
+        summary="Release and restore rollout weights and KV cache by hand instead of vLLM sleep mode.",
+        targets=(
+            Target(
+                "verl.workers.rollout.base",
+                "_ROLLOUT_REGISTRY",
+                "verl",
+                key=("vllm", "sync"),
+            ),
+        ),
+        requires=MappingProxyType({"verl": "0.6.1", "vllm": "0.9.1", "vllm-ascend": "0.9.1"}),
+        processes=("driver", "worker"),
+    ),
+    PatchSpec(
+        name="mindspeed_torch_compile",
+        summary="Use the real torch.compile while the rollout engine is built, MindSpeed's stand-in otherwise.",
+        targets=(
+            Target(
+                _MEGATRON_WORKERS, "ActorRolloutRefWorker._build_rollout", "verl", params=("self", "trust_remote_code")
+            ),
+        ),
+        requires=MappingProxyType({"verl": "0.6.1"}),
+        processes=("worker",),
+        upstream_commits=MappingProxyType({"mindspeed": "f6688c61bcfe45243ee5eb34c6f013b1e06eca81"}),
+    ),
+    PatchSpec(
+        name="verl_onpolicy_logprob",
+        summary="On an exactly on-policy update, reuse the current log-probs as old log-probs and skip that pass.",
+        targets=(
+            Target(
+                "verl.workers.actor.megatron_actor",
+                "MegatronPPOActor.forward_backward_batch",
+                "verl",
+                params=(
+                    "self",
+                    "data",
+                    "forward_only",
+                    "post_process_fn",
+                    "calculate_entropy",
+                    "use_dynamic_bsz",
+                    "micro_batch_size",
+                    "max_token_len",
+                    "mini_batch_size",
+                ),
+            ),
+        ),
+        requires=MappingProxyType({"verl": "0.6.1"}),
+        processes=("driver", "worker"),
+    ),
+)
+
+
+def spec_by_name(name: str) -> PatchSpec:
+    for spec in PATCHES:
+        if spec.name == name:
+            return spec
+    msg = f"unknown patch {name!r}; known patches: {', '.join(s.name for s in PATCHES)}"
+    raise KeyError(msg)

@@ -1,0 +1,15 @@
+"""Exceptions of the weight tools: each message says what failed, what was expected and how to fix it."""
+
+from __future__ import annotations
+
+
+class WeightsError(RuntimeError):
+    """Base class: a checkpoint or an option is not what the conversion needs."""
+
+
+class CheckpointFormatError(WeightsError):
+    """An input file is truncated, malformed or inconsistent with its index."""
+
+
+class OutputExistsError(WeightsError):
+    """The output directory holds something this run did not produce; nothing was touched."""
