@@ -78,6 +78,7 @@ def read_target(target: Target, *, patch: str) -> Any:
             raise PatchTargetError(f"{msg}. {version_hint(target)} {disable_hint(patch)}")
         if target.key not in value:
             raise missing_target_error(target, patch=patch, what=target.path, present=sorted(map(repr, value)))
+        return value[target.key]
     return value
 
 

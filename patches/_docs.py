@@ -1,0 +1,40 @@
+"""Read the fixed headings of a patch module's docstring (the single source of each patch's documentation)."""
+
+from __future__ import annotations
+
+import importlib
+import re
+
+HEADINGS = ("Target", "Upstream", "Process", "Why", "How", "Upstream fix", "Remove when", "Disable")
+_HEADING_LINE = re.compile(rf"^({'|'.join(map(re.escape, HEADINGS))}):\s*(.*)$")
+
+
+def patch_doc_sections(module_name: str) -> dict[str, str]:
+    """``{"Summary": ..., "Target": ..., ...}`` parsed from the module docstring, in document order.
+
+    Raises ``ValueError`` naming the module when a heading is missing, duplicated or out of order.
+    """
+    doc = importlib.import_module(module_name).__doc__ or ""
+    lines = doc.strip().splitlines()
+    if not lines:
+        msg = f"{module_name} has no docstring; patch modules document themselves (see docs/patches.md)"
+        raise ValueError(msg)
+    sections: dict[str, list[str]] = {"Summary": [lines[0].strip()]}
+    current = "Summary"
+    for line in lines[1:]:
+        match = _HEADING_LINE.match(line.strip())
+        if match:
+            current = match.group(1)
+            if current in sections:
+                msg = f"{module_name}: heading {current!r} appears twice"
+                raise ValueError(msg)
+            sections[current] = [match.group(2)] if match.group(2) else []
+        elif current == "Summary" and not line.strip():
+            continue
+        else:
+            sections[current].append(line.strip())
+    found = [h for h in sections if h != "Summary"]
+    if found != list(HEADINGS):
+        msg = f"{module_name}: docstring headings are {found}, expected exactly {list(HEADINGS)} in that order"
+        raise ValueError(msg)
+    return {key: " ".join(part for part in value if part).strip() for key, value in sections.items()}

@@ -1,0 +1,86 @@
+"""The prelude applies every patch once per process and reaches the driver, verl's workers and vLLM processes."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from r1_ascend.patches import PATCHES, PatchTargetError, applied_names
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+STUB_SITE = REPO_ROOT / "tests" / "sitecustomize_npu"
+ALL = [spec.name for spec in PATCHES]
+
+
+def _fresh_prelude(monkeypatch: pytest.MonkeyPatch) -> object:
+    monkeypatch.delitem(sys.modules, "r1_ascend.patches.prelude", raising=False)
+    return importlib.import_module("r1_ascend.patches.prelude")
+
+
+def test_import_applies_every_patch_and_logs_one_line(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    _fresh_prelude(monkeypatch)
+    assert applied_names() == ALL
+    err = capfd.readouterr().err
+    assert err.count("r1-ascend overlay (pid") == 1
+    assert f"applied={','.join(ALL)}" in err
+
+
+def test_broken_upstream_target_makes_the_prelude_raise(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A renamed upstream attribute stops the process at import, naming the target and the switch."""
+    from vllm.v1.engine.core import EngineCore
+
+    monkeypatch.setattr(EngineCore, "_initialize_kv_caches_renamed", EngineCore._initialize_kv_caches, raising=False)
+    monkeypatch.delattr(EngineCore, "_initialize_kv_caches")
+    with pytest.raises(PatchTargetError) as info:
+        _fresh_prelude(monkeypatch)
+    assert "vllm.v1.engine.core.EngineCore._initialize_kv_caches not found" in str(info.value)
+    assert "R1_ASCEND_DISABLE=vllm_engine_kv_cache_configs" in str(info.value)
+    assert "r1_ascend.patches.prelude" not in sys.modules
+
+
+def test_disabled_patch_leaves_its_target_untouched(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm.v1.engine.core import EngineCore
+
+    original = EngineCore.__dict__["_initialize_kv_caches"]
+    monkeypatch.setenv("R1_ASCEND_DISABLE", "vllm_engine_kv_cache_configs")
+    _fresh_prelude(monkeypatch)
+    assert EngineCore.__dict__["_initialize_kv_caches"] is original
+    assert "vllm_engine_kv_cache_configs" not in applied_names()
+
+
+def _run_child(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    child_env = {**os.environ, "PYTHONPATH": str(STUB_SITE), **env}
+    child_env.pop("R1_ASCEND_DISABLE", None)
+    return subprocess.run(
+        [sys.executable, "-c", code], env=child_env, capture_output=True, text=True, timeout=180, check=False
+    )
+
+
+REPORT = "from r1_ascend.patches import applied_names; print('APPLIED', ','.join(applied_names()))"
+
+
+@pytest.mark.slow
+def test_verl_external_modules_hook_applies_the_overlay_in_a_new_process() -> None:
+    """What every Ray worker does: `import verl` with VERL_USE_EXTERNAL_MODULES naming the prelude."""
+    result = _run_child(f"import verl; {REPORT}", VERL_USE_EXTERNAL_MODULES="r1_ascend.patches.prelude")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"APPLIED {','.join(ALL)}" in result.stdout
+    assert result.stderr.count("r1-ascend overlay (pid") == 1
+
+
+@pytest.mark.slow
+def test_vllm_general_plugin_applies_the_overlay_in_a_vllm_process() -> None:
+    """What a process started by vLLM does: load the general plugins, one of which is ours."""
+    names = [ep.name for ep in metadata.entry_points(group="vllm.general_plugins")]
+    assert "r1_ascend_patches" in names
+    result = _run_child(f"from vllm.plugins import load_general_plugins; load_general_plugins(); {REPORT}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"APPLIED {','.join(ALL)}" in result.stdout

@@ -1,0 +1,78 @@
+"""The registry, the patch docstrings, the README patch table and the pins agree with each other."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from r1_ascend.patches import PATCHES
+from r1_ascend.patches._docs import HEADINGS, patch_doc_sections
+from r1_ascend.patches._registry import PROCESSES
+from r1_ascend.stack import pins
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PATCH_NAMES = [spec.name for spec in PATCHES]
+
+
+def test_registry_names_are_unique_and_match_modules() -> None:
+    assert len(set(PATCH_NAMES)) == len(PATCH_NAMES)
+    for spec in PATCHES:
+        assert (REPO_ROOT / "patches" / f"{spec.name}.py").is_file(), spec.name
+        assert set(spec.processes) <= set(PROCESSES), spec.name
+        assert spec.targets, f"{spec.name} declares no target"
+
+
+@pytest.mark.parametrize("name", PATCH_NAMES)
+def test_patch_docstring_has_every_heading(name: str) -> None:
+    """Each patch module documents Target, Upstream, Process, Why, How, Upstream fix, Remove when, Disable."""
+    sections = patch_doc_sections(f"r1_ascend.patches.{name}")
+    for heading in HEADINGS:
+        assert sections[heading], f"{name}: heading {heading!r} is empty"
+    assert f"R1_ASCEND_DISABLE={name}" in sections["Disable"]
+    assert not re.search(r"\b(eventually|someday|later|TBD|TODO)\b", sections["Remove when"], re.I), (
+        f"{name}: 'Remove when' must be a checkable condition, got {sections['Remove when']!r}"
+    )
+    for target in next(s for s in PATCHES if s.name == name).targets:
+        short = target.attribute.split("[")[0]
+        assert short in sections["Target"], f"{name}: docstring Target does not mention {short}"
+
+
+@pytest.mark.parametrize("name", PATCH_NAMES)
+def test_patch_declared_versions_are_the_pins(name: str) -> None:
+    """Every patch is written against exactly the pinned upstream versions (stack.toml)."""
+    spec = next(s for s in PATCHES if s.name == name)
+    for dist, version in spec.requires.items():
+        assert pins()["packages"][dist] == version, f"{name} requires {dist}=={version}"
+    for source, commit in spec.upstream_commits.items():
+        assert pins()["sources"][source]["commit"] == commit, f"{name} targets {source}@{commit}"
+    sections = patch_doc_sections(spec.module)
+    for dist, version in spec.requires.items():
+        assert f"{dist} {version}" in sections["Upstream"] or f"{dist}=={version}" in sections["Upstream"], (
+            f"{name}: docstring Upstream does not name {dist} {version}"
+        )
+
+
+def _readme_patch_table() -> list[list[str]]:
+    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    match = re.search(r"<!-- patch-table:start -->(.*?)<!-- patch-table:end -->", text, re.S)
+    assert match, "README.md has no patch table between <!-- patch-table:start/end --> markers"
+    rows = [line for line in match.group(1).strip().splitlines() if line.startswith("|")]
+    return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows[2:]]
+
+
+def test_readme_patch_table_matches_registry() -> None:
+    """The README lists every patch in registry order with its target, upstream, process and removal condition."""
+    rows = _readme_patch_table()
+    assert [row[0].strip("`") for row in rows] == PATCH_NAMES
+    for row, spec in zip(rows, PATCHES, strict=True):
+        _, what, targets, upstream, process, remove_when = row
+        sections = patch_doc_sections(spec.module)
+        assert what == sections["Summary"], spec.name
+        for target in spec.targets:
+            assert target.attribute.split("[")[0] in targets, f"{spec.name}: README target cell lacks {target.path}"
+        for dist, version in spec.requires.items():
+            assert f"{dist} {version}" in upstream, f"{spec.name}: README upstream cell lacks {dist} {version}"
+        assert process == ", ".join(spec.processes), spec.name
+        assert remove_when == sections["Remove when"], spec.name
