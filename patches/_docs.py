@@ -38,3 +38,41 @@ def patch_doc_sections(module_name: str) -> dict[str, str]:
         msg = f"{module_name}: docstring headings are {found}, expected exactly {list(HEADINGS)} in that order"
         raise ValueError(msg)
     return {key: " ".join(part for part in value if part).strip() for key, value in sections.items()}
+
+
+def render_patch_table() -> str:
+    """The README patch table (between the ``patch-table`` markers), generated from registry and docstrings."""
+    from ._registry import PATCHES
+
+    lines = [
+        "| Patch | What it does | Targets | Upstream | Process | Remove when |",
+        "|---|---|---|---|---|---|",
+    ]
+    for spec in PATCHES:
+        sections = patch_doc_sections(spec.module)
+        targets = "<br>".join(f"`{t.path}`" for t in spec.targets)
+        upstream = ", ".join(f"{dist} {version}" for dist, version in spec.requires.items())
+        upstream += "".join(f", {source} {commit[:8]}" for source, commit in spec.upstream_commits.items())
+        cells = [f"`{spec.name}`", sections["Summary"], targets, upstream, ", ".join(spec.processes)]
+        cells.append(sections["Remove when"])
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(lines)
+
+
+def render_version_table() -> str:
+    """The README version table (between the ``version-table`` markers), generated from stack.toml."""
+    from r1_ascend.stack import pins
+
+    stack = pins()
+    rows = [("python", stack["python"]), ("CANN", stack["cann"]["version"])]
+    rows += list(stack["packages"].items())
+    rows.append(("MindSpeed", stack["sources"]["mindspeed"]["commit"]))
+    lines = ["| Component | Pin |", "|---|---|"]
+    lines += [f"| {name} | `{version}` |" for name, version in rows]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(render_version_table() if sys.argv[1:] == ["versions"] else render_patch_table())
