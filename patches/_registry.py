@@ -58,7 +58,7 @@ PATCHES: tuple[PatchSpec, ...] = (
     ),
     PatchSpec(
         name="vllm_dp_ep_groups",
-        summary="Build vLLM's data-parallel and expert-parallel groups across all rollout ranks.",
+        summary="Build vLLM's DP and EP groups over all rollout ranks: DP = world / rollout TP, EP = world.",
         targets=(
             Target(
                 _SPMD,
@@ -100,6 +100,7 @@ PATCHES: tuple[PatchSpec, ...] = (
         name="verl_onpolicy_logprob",
         summary="On an exactly on-policy update, reuse the current log-probs as old log-probs and skip that pass.",
         targets=(
+            Target("verl.trainer.ppo.ray_trainer", "RayPPOTrainer.init_workers", "verl", params=("self",)),
             Target(
                 "verl.workers.actor.megatron_actor",
                 "MegatronPPOActor.forward_backward_batch",
@@ -116,6 +117,7 @@ PATCHES: tuple[PatchSpec, ...] = (
                     "mini_batch_size",
                 ),
             ),
+            Target("verl.workers.actor.megatron_actor", "get_policy_loss_fn", "verl", params=("name",)),
         ),
         requires=MappingProxyType({"verl": "0.6.1"}),
         processes=("driver", "worker"),

@@ -110,13 +110,12 @@ def _parse_piece(piece: str, source: str, line_no: int, truncated: bool, log: Co
     marker = _RESUME_MARKER.search(piece)
     if marker:
         log.resume_markers.append(ResumeMarker(step=int(marker.group(1)), source=source, line_no=line_no))
-    matches = list(_STEP.finditer(piece))
-    for match_index, match in enumerate(matches):
-        end = matches[match_index + 1].start() if match_index + 1 < len(matches) else len(piece)
-        segment = piece[match.end() : end]
-        segment_truncated = truncated and match_index == len(matches) - 1
-        metrics = _parse_pairs(segment, source, line_no, segment_truncated, log)
-        log.records.append(StepRecord(step=int(match.group(1)), metrics=metrics, source=source, line_no=line_no))
+    # verl prints one metrics line per call; only the first "step:N" of a piece starts a record.
+    match = _STEP.search(piece)
+    if match is None:
+        return
+    metrics = _parse_pairs(piece[match.end() :], source, line_no, truncated, log)
+    log.records.append(StepRecord(step=int(match.group(1)), metrics=metrics, source=source, line_no=line_no))
 
 
 def _parse_pairs(segment: str, source: str, line_no: int, truncated: bool, log: ConsoleLog) -> dict[str, float]:

@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from r1_ascend.report.console import ConsoleLog, ParseProblem, parse_console_file
+from r1_ascend.report.console import ConsoleLog, ParseProblem, ResumeMarker, parse_console_file
 from r1_ascend.report.generations import (
     GenerationSample,
     find_dump_files,
@@ -26,7 +26,12 @@ from r1_ascend.report.generations import (
     samples_from_tensorboard_text,
 )
 from r1_ascend.report.metric_names import TRAINING_STEP_MARKERS
-from r1_ascend.report.tensorboard_events import EVENT_FILE_GLOB, find_event_files, read_event_files
+from r1_ascend.report.tensorboard_events import (
+    EVENT_FILE_GLOB,
+    TensorboardUnavailableError,
+    find_event_files,
+    read_event_files,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +66,8 @@ class RunData:
     filled_from_tensorboard: int = 0
     reward_components: dict[str, dict[int, float]] = field(default_factory=dict)
     samples: list[GenerationSample] = field(default_factory=list)
+    # Highest step since the last resume point; a step at or below it starts a new segment.
+    segment_max_step: int | None = None
 
     def series(self, key: str) -> tuple[list[int], list[float]]:
         """Steps and finite values of one metric, in step order."""
@@ -107,7 +114,12 @@ def load_run(
     console_seen = bool(run.steps)
 
     if sources.events:
-        _merge_tensorboard(run, sources.events, samples_wanted, sample_chars, record_resumes=not console_seen)
+        try:
+            _merge_tensorboard(run, sources.events, samples_wanted, sample_chars, record_resumes=not console_seen)
+        except TensorboardUnavailableError as exc:
+            if not console_seen:
+                raise
+            run.problems.append(f"TensorBoard files skipped: {exc}")
 
     if read_dumps:
         _merge_dumps(run, sources.dump_roots, samples_wanted, sample_chars)
@@ -149,30 +161,27 @@ def _discover(paths: list[Path]) -> _Sources:
 
 
 def _merge_console(run: RunData, log: ConsoleLog) -> None:
-    events: list[tuple[int, int, object]] = [(m.line_no, 0, m) for m in log.resume_markers]
-    events += [(r.line_no, 1, r) for r in log.records]
-    events.sort(key=lambda e: (e[0], e[1]))
-    pending_marker = None
-    for _, kind, item in events:
-        if kind == 0:
-            pending_marker = item
+    markers = [(m.line_no, 0, m) for m in log.resume_markers]
+    records = [(r.line_no, 1, r) for r in log.records]
+    pending: ResumeMarker | None = None
+    for _, _, item in sorted(markers + records, key=lambda e: (e[0], e[1])):
+        if isinstance(item, ResumeMarker):
+            pending = item
             continue
-        record = item
-        previous_max = max(run.steps) if run.steps else None
-        repeats = previous_max is not None and record.step <= previous_max
-        if pending_marker is not None or repeats:
-            reason = (
-                f"checkpoint restore announced (global step {pending_marker.step})"
-                if pending_marker is not None
-                else f"step {record.step} logged again after step {previous_max}"
-            )
-            run.resume_points.append(
-                ResumePoint(
-                    record.step, -1 if previous_max is None else previous_max, record.source, record.line_no, reason
-                )
-            )
-            pending_marker = None
-        _store(run, record.step, record.metrics)
+        segment_max = run.segment_max_step
+        repeats = segment_max is not None and item.step <= segment_max
+        if pending is not None or repeats:
+            if pending is not None:
+                reason = f"checkpoint restore announced (verl: 'Setting global step to {pending.step}')"
+            else:
+                reason = f"step {item.step} logged again after step {segment_max}"
+            previous = -1 if segment_max is None else segment_max
+            run.resume_points.append(ResumePoint(item.step, previous, item.source, item.line_no, reason))
+            run.segment_max_step = item.step
+            pending = None
+        else:
+            run.segment_max_step = item.step if segment_max is None else max(segment_max, item.step)
+        _store(run, item.step, item.metrics)
 
 
 def _store(run: RunData, step: int, metrics: dict[str, float]) -> None:

@@ -16,7 +16,7 @@ import torch
 from safetensors import safe_open
 
 from r1_ascend.weights.errors import CheckpointFormatError
-from r1_ascend.weights.fp8 import FP8_DTYPE, SCALE_SUFFIX, dequantize_fp8_blockwise
+from r1_ascend.weights.fp8 import SCALE_SUFFIX, dequantize_fp8_blockwise
 from r1_ascend.weights.safetensors_io import Header, TensorEntry, read_header
 
 INDEX_NAME = "model.safetensors.index.json"

@@ -1,0 +1,130 @@
+"""Keep the per-worker KV-cache configs the vLLM engine was initialised with, so caches can be rebuilt identically.
+
+Target:
+vllm.v1.engine.core.EngineCore._initialize_kv_caches(self, vllm_config) (vllm 0.9.1).
+
+Upstream:
+vllm 0.9.1 profiles device memory once in ``_initialize_kv_caches``, sizes the scheduler's ``KVCacheManager`` from
+``num_gpu_blocks`` and hands the per-worker ``KVCacheConfig`` list to ``model_executor.initialize_from_config``; the
+list itself is then dropped (only worker 0's config reaches the scheduler).
+
+Process:
+Every process that builds a vLLM V1 engine: the Ray worker that owns the colocated rollout (verl's
+``external_launcher`` keeps the engine core in-process) and, for completeness, any vLLM engine process.
+
+Why:
+The rollout frees the KV cache for training and rebuilds it every step (see ``vllm_rollout_offload``). Re-profiling
+memory at that point (with training state resident) could yield a different block count than the one the scheduler
+was sized for, so the scheduler would hand out block ids beyond the new tensors: silent memory corruption. Rebuilding
+with the exact configs from start-up avoids that.
+
+How:
+Wraps the original method. For the duration of the call the engine's executor gets an instance-level stand-in for
+``initialize_from_config`` that checks every worker's config has the same ``num_blocks`` (``KVCacheConfigError``
+otherwise), records the list and forwards it unchanged; the stand-in is removed in ``finally``. The list is stored
+on the engine as ``r1_ascend_kv_cache_configs``; ``saved_kv_cache_configs(engine_core)`` reads it back with a clear
+error when the patch did not run. Predecessors copied the whole upstream method instead.
+
+Upstream fix:
+None: vLLM frees and restores KV caches only through its sleep mode (CuMemAllocator / vllm-ascend CaMemAllocator),
+which keeps the original allocation geometry but is unusable here (see ``vllm_rollout_offload``).
+
+Remove when:
+vllm_rollout_offload is removed (its only consumer), or vLLM exposes the initialised KV-cache configs on EngineCore
+(check for a public attribute holding the list passed to ``initialize_from_config``).
+
+Disable:
+R1_ASCEND_DISABLE=vllm_engine_kv_cache_configs leaves vLLM untouched; the offloading rollout then refuses to start
+with an error naming this patch, so also disable vllm_rollout_offload (stock verl rollout with vLLM sleep mode).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ._install import install
+from ._registry import PatchSpec
+
+logger = logging.getLogger(__name__)
+
+#: Attribute set on ``vllm.v1.engine.core.EngineCore`` instances: the per-worker list of ``KVCacheConfig``.
+KV_CACHE_CONFIGS_ATTR = "r1_ascend_kv_cache_configs"
+_EXECUTOR_METHOD = "initialize_from_config"
+
+
+class KVCacheConfigError(RuntimeError):
+    """The KV-cache configs are missing or inconsistent, so caches cannot be rebuilt safely."""
+
+
+def check_block_counts(kv_cache_configs: Sequence[Any]) -> int:
+    """Return the common ``num_blocks`` of all workers' configs; raise ``KVCacheConfigError`` if they differ."""
+    if not kv_cache_configs:
+        msg = "vLLM passed an empty KV-cache config list to initialize_from_config; expected one config per worker"
+        raise KVCacheConfigError(msg)
+    counts = [config.num_blocks for config in kv_cache_configs]
+    if len(set(counts)) != 1:
+        msg = (
+            f"vLLM workers disagree on the KV-cache block count: num_blocks per worker = {counts}. One scheduler "
+            f"drives all workers, so every worker must have the same count (vLLM normally unifies them to the "
+            f"minimum). Check that every rank runs the same vLLM version and the same rollout config."
+        )
+        raise KVCacheConfigError(msg)
+    return counts[0]
+
+
+def saved_kv_cache_configs(engine_core: Any) -> list[Any]:
+    """The KV-cache configs ``engine_core`` was initialised with (``KVCacheConfigError`` if never recorded)."""
+    configs = getattr(engine_core, KV_CACHE_CONFIGS_ATTR, None)
+    if configs is None:
+        msg = (
+            f"the vLLM engine core {type(engine_core).__name__} has no saved KV-cache configs "
+            f"({KV_CACHE_CONFIGS_ATTR!r}): the patch vllm_engine_kv_cache_configs was not applied before the engine "
+            f"was built (disabled via R1_ASCEND_DISABLE, or the overlay prelude did not run in this process). "
+            f"Enable it, or disable vllm_rollout_offload as well to fall back to the stock rollout."
+        )
+        raise KVCacheConfigError(msg)
+    return configs
+
+
+def _recording(captured: list[Any], forward: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def initialize_from_config(kv_cache_configs: Any) -> Any:
+        check_block_counts(kv_cache_configs)
+        captured.append(list(kv_cache_configs))
+        return forward(kv_cache_configs)
+
+    return initialize_from_config
+
+
+def build(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def _initialize_kv_caches(self: Any, vllm_config: Any) -> Any:
+        executor = self.model_executor
+        captured: list[list[Any]] = []
+        shadowed = vars(executor).get(_EXECUTOR_METHOD)
+        setattr(executor, _EXECUTOR_METHOD, _recording(captured, getattr(executor, _EXECUTOR_METHOD)))
+        try:
+            result = original(self, vllm_config)
+        finally:
+            if shadowed is None:
+                delattr(executor, _EXECUTOR_METHOD)
+            else:
+                setattr(executor, _EXECUTOR_METHOD, shadowed)
+        if not captured:
+            msg = (
+                f"EngineCore._initialize_kv_caches returned without calling model_executor.{_EXECUTOR_METHOD}; "
+                f"vLLM changed how it initialises KV caches and the patch vllm_engine_kv_cache_configs must be "
+                f"revised (or disabled together with vllm_rollout_offload)."
+            )
+            raise KVCacheConfigError(msg)
+        setattr(self, KV_CACHE_CONFIGS_ATTR, captured[-1])
+        logger.debug("saved %d KV-cache config(s) on the engine core", len(captured[-1]))
+        return result
+
+    return _initialize_kv_caches
+
+
+def apply(spec: PatchSpec) -> None:
+    install(spec.name, spec.target("EngineCore._initialize_kv_caches"), build)

@@ -1,0 +1,153 @@
+"""The run configurations (Hydra overlays in ``recipe/config``) and how to compose them without importing verl.
+
+The overlays name ``pkg://verl.trainer.config`` as their search path, which is what the recipe entry point uses.
+Resolving a ``pkg://`` path imports the package (and with it ``verl``, torch ...), so the preflight replaces it with
+the ``file://`` path of the installed verl's config directory, found without importing verl.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator, Mapping, Sequence
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+#: The overlay the launcher runs when ``R1_ASCEND_CONFIG`` is not set.
+DEFAULT_OVERLAY = "grpo_deepseekv3_671b"
+SMOKE_OVERLAY = "grpo_deepseekv3_smoke"
+QWEN_OVERLAY = "grpo_qwen25_7b"
+
+#: Keys an overlay may set although verl 0.6.1's config schema does not declare them. They live in verl's free-form
+#: dicts and are consumed by MindSpeed (``override_transformer_config`` goes to ``mindspeed.megatron_adaptor.repatch``
+#: and to Megatron's TransformerConfig, which drops names it does not know) or by vLLM / vllm-ascend
+#: (``engine_kwargs.vllm``). On the command line they need a leading ``+``. docs/launch.md lists them too (a test
+#: checks that every key here is documented there).
+_OTC = "actor_rollout_ref.actor.megatron.override_transformer_config"
+EXTENSION_KEYS: Mapping[str, str] = {
+    f"{_OTC}.num_layers_in_first_pipeline_stage": "Megatron-core: decoder layers on the first pipeline stage",
+    f"{_OTC}.num_layers_in_last_pipeline_stage": "Megatron-core: decoder layers on the last pipeline stage",
+    f"{_OTC}.pipeline_num_transformer_layers": "MindSpeed: decoder layers per pipeline stage, [[n0], [n1], ...]",
+    f"{_OTC}.multi_head_latent_attention": "MindSpeed: DeepSeek MLA attention",
+    f"{_OTC}.use_flash_attn": "MindSpeed: NPU fused flash attention",
+    f"{_OTC}.moe_grouped_gemm": "Megatron-core/MindSpeed: grouped GEMM for the local experts",
+    f"{_OTC}.moe_token_dispatcher_type": "Megatron-core: MoE token dispatcher (alltoall)",
+    f"{_OTC}.use_fused_rotary_pos_emb": "MindSpeed: fused rotary position embedding kernel",
+    f"{_OTC}.use_fused_swiglu": "MindSpeed: fused SwiGLU kernel",
+    f"{_OTC}.rope_scaling_type": "MindSpeed: RoPE scaling type (yarn, as DeepSeek-V3's rope_scaling.type)",
+    f"{_OTC}.yarn_scaling_factor": "MindSpeed: YaRN factor (DeepSeek-V3 rope_scaling.factor = 40)",
+    f"{_OTC}.rope_scaling_mscale": "MindSpeed: YaRN mscale (rope_scaling.mscale)",
+    f"{_OTC}.rope_scaling_mscale_all_dim": "MindSpeed: YaRN mscale_all_dim (rope_scaling.mscale_all_dim)",
+    f"{_OTC}.seq_length": "MindSpeed: sequence length it sizes rotary tables for (= prompt + response)",
+    f"{_OTC}.swap_optimizer": "MindSpeed: keep optimizer states in host memory, swap them in per step",
+    "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.ascend_scheduler_config.enabled": (
+        "vllm-ascend: use the Ascend scheduler (chunked prefill off unless enable_chunked_prefill is set next to it)"
+    ),
+    "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.ascend_scheduler_config.enable_chunked_prefill": (
+        "vllm-ascend: chunked prefill under the Ascend scheduler"
+    ),
+}
+
+#: The keys in which the smoke overlay may differ from the 671B overlay (everything else must be identical, so the
+#: smoke test exercises the same settings as the real run).
+SMOKE_DIFFERENCES: frozenset[str] = frozenset(
+    {
+        "data.max_prompt_length",
+        "data.max_response_length",
+        "data.train_batch_size",
+        "data.val_max_samples",
+        "actor_rollout_ref.actor.ppo_mini_batch_size",
+        "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size",
+        "actor_rollout_ref.actor.megatron.expert_model_parallel_size",
+        f"{_OTC}.recompute_num_layers",
+        f"{_OTC}.num_layers_in_first_pipeline_stage",
+        f"{_OTC}.num_layers_in_last_pipeline_stage",
+        f"{_OTC}.pipeline_num_transformer_layers",
+        f"{_OTC}.seq_length",
+        "actor_rollout_ref.rollout.n",
+        "actor_rollout_ref.rollout.max_num_seqs",
+        "actor_rollout_ref.rollout.max_num_batched_tokens",
+        "trainer.nnodes",
+        "trainer.experiment_name",
+        "trainer.total_training_steps",
+        "trainer.test_freq",
+        "trainer.save_freq",
+        "trainer.log_val_generations",
+        "trainer.default_local_dir",  # interpolates experiment_name
+    }
+)
+
+
+class OverlayError(ValueError):
+    """An overlay name, override or the installed verl config cannot be used."""
+
+
+def config_dir() -> Path:
+    """``recipe/config`` as installed (a real directory: the package is installed from a source tree or wheel)."""
+    return Path(str(files("r1_ascend.recipe").joinpath("config")))
+
+
+def overlay_names() -> list[str]:
+    return sorted(p.stem for p in config_dir().glob("*.yaml"))
+
+
+def overlay_path(name: str) -> Path:
+    path = config_dir() / f"{name}.yaml"
+    if not path.is_file():
+        msg = f"unknown run configuration {name!r}; available: {', '.join(overlay_names())} (in {config_dir()})"
+        raise OverlayError(msg)
+    return path
+
+
+def verl_config_dir() -> Path:
+    """The installed verl's ``trainer/config`` directory, located without importing verl (which imports torch)."""
+    spec = importlib.util.find_spec("verl")
+    if spec is None or not spec.submodule_search_locations:
+        msg = "verl is not installed; install the pinned stack (verl 0.6.1) first (README 'Install')"
+        raise OverlayError(msg)
+    for root in spec.submodule_search_locations:
+        candidate = Path(root) / "trainer" / "config"
+        if (candidate / "ppo_megatron_trainer.yaml").is_file():
+            return candidate
+    msg = f"verl at {list(spec.submodule_search_locations)} has no trainer/config/ppo_megatron_trainer.yaml"
+    raise OverlayError(msg)
+
+
+def compose(name: str, overrides: Sequence[str] = ()) -> Any:
+    """The full config of overlay ``name`` with command-line style ``overrides`` (an OmegaConf ``DictConfig``).
+
+    Same semantics as the recipe entry point: unknown keys need a ``+``, values are YAML.
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    overlay_path(name)
+    searchpath = f"hydra.searchpath=[file://{verl_config_dir()}]"
+    try:
+        with initialize_config_dir(config_dir=str(config_dir()), version_base=None):
+            return hydra_compose(name, overrides=[searchpath, *overrides])
+    except (HydraException, OmegaConfBaseException) as exc:
+        msg = f"cannot compose run configuration {name!r} with overrides {list(overrides)}: {exc}"
+        raise OverlayError(msg) from exc
+
+
+def flatten(tree: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """``("a.b.c", leaf)`` pairs of a nested mapping; lists are leaves."""
+    if isinstance(tree, Mapping):
+        for key, value in tree.items():
+            yield from flatten(value, f"{prefix}{key}.")
+    else:
+        yield prefix[:-1], tree
+
+
+def overlay_leaf_keys(name: str) -> list[str]:
+    """The dotted keys an overlay file itself sets (``hydra`` and ``defaults`` excluded)."""
+    from omegaconf import OmegaConf
+
+    raw = OmegaConf.to_container(OmegaConf.load(overlay_path(name)), resolve=False)
+    assert isinstance(raw, dict)
+    raw.pop("hydra", None)
+    raw.pop("defaults", None)
+    return [key for key, _ in flatten(raw)]

@@ -1,0 +1,145 @@
+"""``r1-ascend preflight``: resolve a run configuration and check it before taking the cluster.
+
+Composes the chosen overlay with Hydra (plus ``key=value`` overrides, exactly as the run script passes them) and
+checks cluster size, parallel layouts, batch divisibility, rollout engine settings, model config, data schema,
+checkpoint, patches and a per-die memory estimate. Prints the plan and one line per check; exits 1 on any error.
+Reads files only (no torch, verl or vLLM import), so it answers in about a second on a login node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+
+from r1_ascend.launch.checks import CHECKS, ERROR, WARNING, Finding, Run, prepare
+from r1_ascend.launch.memory import A3_DIE_MEMORY_GB, GIB
+from r1_ascend.launch.overlays import DEFAULT_OVERLAY, OverlayError, compose, overlay_names
+
+#: Environment variables the checks read (docs/environment.md).
+ENV_KEYS = ("NNODES", "NPUS_PER_NODE", "VLLM_DP_SIZE")
+
+
+def run_checks(
+    config_name: str,
+    overrides: Sequence[str] = (),
+    *,
+    env: Mapping[str, str] | None = None,
+    device_memory_gb: float = A3_DIE_MEMORY_GB,
+    check_patches: bool = True,
+) -> tuple[Run, list[Finding]]:
+    """Compose ``config_name`` + ``overrides`` and run every check (raises OverlayError if it cannot compose)."""
+    config = compose(config_name, overrides)
+    environment = dict(os.environ if env is None else env)
+    run = Run(config, {k: environment[k] for k in ENV_KEYS if k in environment}, device_memory_gb * 1e9, check_patches)
+    prepare(run)
+    findings: list[Finding] = []
+    for check in CHECKS:
+        findings.extend(check(run))
+    return run, findings
+
+
+def format_plan(run: Run) -> list[str]:
+    cfg = run.config
+    lines = ["Plan"]
+    lines.append(
+        f"  cluster   {cfg.trainer.nnodes} nodes x {cfg.trainer.n_gpus_per_node} NPUs = {run.world} dies "
+        f"(device {cfg.trainer.device})"
+    )
+    model = run.model
+    if model is not None:
+        experts = f"{model.num_experts} experts, {model.num_dense_layers} dense layers" if model.is_moe else "dense"
+        lines.append(
+            f"  model     {model.model_type} at {model.path}: {model.num_layers} layers, {experts}, "
+            f"{model.total_params() / 1e9:.1f} B params, max_position_embeddings {model.max_position_embeddings}"
+        )
+    train = run.train
+    if train is not None:
+        split = f"; stages {run.stages}" if run.stages else ""
+        lines.append(
+            f"  actor+ref TP{train.tp} PP{train.pp} EP{train.ep} CP{train.cp} -> DP {train.dp}, expert DP "
+            f"{train.expert_dp}{split}; offload param/grad/optimizer "
+            f"{_onoff(cfg.actor_rollout_ref.actor.megatron.param_offload)}/"
+            f"{_onoff(cfg.actor_rollout_ref.actor.megatron.grad_offload)}/"
+            f"{_onoff(cfg.actor_rollout_ref.actor.megatron.optimizer_offload)}, swap optimizer "
+            f"{_onoff(cfg.actor_rollout_ref.actor.megatron.override_transformer_config.get('swap_optimizer', False))}"
+        )
+    rollout = cfg.actor_rollout_ref.rollout
+    if run.rollout is not None:
+        lines.append(
+            f"  rollout   vLLM TP{run.rollout.tp} x DP{run.rollout.dp} (VLLM_DP_SIZE={run.rollout.dp}) -> EP "
+            f"{run.rollout.ep}; max_num_seqs {rollout.max_num_seqs}, max_num_batched_tokens "
+            f"{rollout.max_num_batched_tokens}, mode {rollout.mode}"
+        )
+    lines.append(
+        f"  batch     {cfg.data.train_batch_size} prompts x {rollout.n} samples, prompt {cfg.data.max_prompt_length} "
+        f"+ response {cfg.data.max_response_length} tokens, {cfg.trainer.total_training_steps} steps"
+    )
+    return lines
+
+
+def format_memory(run: Run) -> list[str]:
+    if not run.memory:
+        return []
+    lines = [f"Memory per die (GiB, estimate; die = {run.die_bytes / 1e9:.0f} GB assumed, see docs/launch.md)"]
+    for phase in run.memory:
+        lines.append(f"  {phase.phase}")
+        width = max(len(item) for item, _ in phase.rows)
+        for item, value in phase.rows:
+            lines.append(f"    {item:<{width}}  {value / GIB:7.1f}")
+        budget = f"of {phase.budget_bytes / GIB:.1f} ({phase.budget_label})"
+        lines.append(f"    {'total':<{width}}  {phase.total / GIB:7.1f}   {budget}")
+    return lines
+
+
+def format_findings(findings: Sequence[Finding]) -> list[str]:
+    marks = {ERROR: "FAIL", WARNING: "warn", "ok": "ok  "}
+    return ["Checks", *(f"  [{marks[f.level]}] {f.check}: {f.message}" for f in findings)]
+
+
+def _onoff(value: object) -> str:
+    return "on" if value else "off"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="r1-ascend preflight", description=__doc__)
+    parser.add_argument(
+        "--config",
+        default=os.environ.get("R1_ASCEND_CONFIG", DEFAULT_OVERLAY),
+        help=f"run configuration in recipe/config (default: $R1_ASCEND_CONFIG or {DEFAULT_OVERLAY})",
+    )
+    parser.add_argument(
+        "--device-memory-gb",
+        type=float,
+        default=A3_DIE_MEMORY_GB,
+        help=f"device memory of one NPU die in GB (default {A3_DIE_MEMORY_GB:g}, Atlas 800T A3)",
+    )
+    parser.add_argument("--skip-patches", action="store_true", help="do not check the patch targets (no stack here)")
+    parser.add_argument("--list", action="store_true", help="list the run configurations and exit")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. trainer.nnodes=2 (as for the recipe)")
+    args = parser.parse_args(argv)
+    if args.list:
+        print("\n".join(overlay_names()))
+        return 0
+    start = time.monotonic()
+    try:
+        run, findings = run_checks(
+            args.config, args.overrides, device_memory_gb=args.device_memory_gb, check_patches=not args.skip_patches
+        )
+    except OverlayError as exc:
+        print(f"preflight: {exc}", file=sys.stderr)
+        return 1
+    extra = f" with {len(args.overrides)} override(s)" if args.overrides else ""
+    print(f"r1-ascend preflight: {args.config}{extra}")
+    for line in (*format_plan(run), *format_memory(run), *format_findings(findings)):
+        print(line)
+    errors = [f for f in findings if f.level == ERROR]
+    warnings = [f for f in findings if f.level == WARNING]
+    elapsed = time.monotonic() - start
+    if errors:
+        print(f"preflight: {len(errors)} error(s), {len(warnings)} warning(s) in {elapsed:.1f} s", file=sys.stderr)
+        return 1
+    print(f"preflight: passed ({len(warnings)} warning(s)) in {elapsed:.1f} s")
+    return 0

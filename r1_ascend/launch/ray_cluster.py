@@ -1,0 +1,150 @@
+"""Ray cluster queries for scripts/ray_start_npu.sh: wait until the expected NPU nodes have joined.
+
+Uses ``ray.nodes()`` / ``ray.cluster_resources()`` (never parses ``ray status`` text). Exit codes: 0 ready,
+1 timed out (the message names the missing nodes), 2 the watched ``ray start`` process died, 3 bad arguments.
+
+    python -m r1_ascend.launch.ray_cluster wait --address 10.0.0.1:6766 --node-ip 10.0.0.1 \
+        --nodes 16 --npus-per-node 16 --timeout 1800 [--expected-ips 10.0.0.1,10.0.0.2,...]
+    python -m r1_ascend.launch.ray_cluster joined --address 10.0.0.1:6766 --node-ip 10.0.0.2 --timeout 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+POLL_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class ClusterState:
+    npus_by_ip: dict[str, float]  # alive node IP -> NPU resource
+
+    @property
+    def total_npus(self) -> float:
+        return sum(self.npus_by_ip.values())
+
+
+def state_from_nodes(nodes: Sequence[dict[str, Any]]) -> ClusterState:
+    """Alive nodes and their NPU resources from ``ray.nodes()`` records."""
+    npus: dict[str, float] = {}
+    for node in nodes:
+        if not node.get("Alive"):
+            continue
+        ip = str(node.get("NodeManagerAddress", "?"))
+        npus[ip] = npus.get(ip, 0.0) + float(node.get("Resources", {}).get("NPU", 0.0))
+    return ClusterState(npus)
+
+
+def readiness(state: ClusterState, nodes: int, npus_per_node: int, expected_ips: Sequence[str]) -> str | None:
+    """None when the cluster has every expected NPU, else what is missing (one sentence)."""
+    want = nodes * npus_per_node
+    if expected_ips:
+        missing = [ip for ip in expected_ips if state.npus_by_ip.get(ip, 0.0) < npus_per_node]
+        if missing:
+            return (
+                f"{len(missing)} of {len(expected_ips)} nodes missing or without {npus_per_node} NPUs: "
+                f"{', '.join(missing)} (joined: {_joined(state)})"
+            )
+    if state.total_npus < want:
+        return (
+            f"{state.total_npus:g} of {want} NPUs joined ({len(state.npus_by_ip)} of {nodes} nodes: "
+            f"{_joined(state)}); {nodes - len(state.npus_by_ip)} node(s) missing"
+        )
+    return None
+
+
+def _joined(state: ClusterState) -> str:
+    return ", ".join(f"{ip} ({npus:g} NPU)" for ip, npus in sorted(state.npus_by_ip.items())) or "none"
+
+
+def _alive(pid: int | None) -> bool:
+    if pid is None:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _connect(address: str, node_ip: str) -> Callable[[], ClusterState]:
+    import ray
+
+    ray.init(
+        address=address,
+        _node_ip_address=node_ip,
+        logging_level="ERROR",
+        log_to_driver=False,
+        include_dashboard=False,
+        configure_logging=False,
+    )
+    return lambda: state_from_nodes(ray.nodes())
+
+
+def wait(args: argparse.Namespace, *, joined_only: bool) -> int:
+    expected = [ip.strip() for ip in (args.expected_ips or "").split(",") if ip.strip()]
+    if joined_only:
+        expected, nodes = [args.node_ip], 1
+    else:
+        nodes = args.nodes
+        if expected and len(expected) != nodes:
+            print(f"NODE_IPS lists {len(expected)} addresses but NNODES is {nodes}", file=sys.stderr)
+            return 3
+    deadline = time.monotonic() + args.timeout
+    poll: Callable[[], ClusterState] | None = None
+    last_report = 0.0
+    problem = "not connected to the Ray head yet"
+    while True:
+        if not _alive(args.watch_pid):
+            print(
+                f"the ray start process {args.watch_pid} exited; see its log ({args.log or 'ray logs'})",
+                file=sys.stderr,
+            )
+            return 2
+        try:
+            if poll is None:
+                poll = _connect(args.address, args.node_ip)
+            state = poll()
+            problem = readiness(state, nodes, args.npus_per_node, expected) or ""
+            if not problem:
+                print(f"ray cluster ready: {_joined(state)}; NPU total {state.total_npus:g}", flush=True)
+                return 0
+        except Exception as exc:
+            problem = f"cannot query the Ray head at {args.address}: {type(exc).__name__}: {exc}"
+        now = time.monotonic()
+        if now >= deadline:
+            what = "this node has not joined" if joined_only else "the cluster is incomplete"
+            print(f"timeout after {args.timeout:g} s: {what}: {problem}", file=sys.stderr)
+            return 1
+        if now - last_report >= args.report_every:
+            print(f"waiting ({deadline - now:.0f} s left): {problem}", flush=True)
+            last_report = now
+        time.sleep(POLL_SECONDS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m r1_ascend.launch.ray_cluster", description=__doc__)
+    parser.add_argument("mode", choices=("wait", "joined"))
+    parser.add_argument("--address", required=True, help="Ray head address HOST:PORT")
+    parser.add_argument("--node-ip", required=True, help="this host's node IP (as passed to ray start)")
+    parser.add_argument("--nodes", type=int, default=1)
+    parser.add_argument("--npus-per-node", type=int, default=16)
+    parser.add_argument("--expected-ips", default="", help="comma list of node IPs that must join (NODE_IPS)")
+    parser.add_argument("--timeout", type=float, default=1800.0)
+    parser.add_argument("--report-every", type=float, default=30.0, help="seconds between progress lines")
+    parser.add_argument("--watch-pid", type=int, help="fail fast when this ray start process exits")
+    parser.add_argument("--log", default="", help="log file named in the message when --watch-pid exits")
+    args = parser.parse_args(argv)
+    return wait(args, joined_only=args.mode == "joined")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,229 @@
+"""``r1-ascend report``: Markdown report and PNG curves from verl logs, or a baseline/candidate regression check.
+
+Exit codes: 0 success (comparison: no regression); 1 comparison found a regression; 2 usage error, unreadable
+input or a comparison metric missing from a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import logging
+import sys
+from pathlib import Path
+
+from r1_ascend.report.compare import (
+    DEFAULT_WINDOW,
+    EXIT_ERROR,
+    EXIT_OK,
+    Thresholds,
+    compare_runs,
+    exit_code,
+)
+from r1_ascend.report.markdown import comparison_markdown, fmt, render_report
+from r1_ascend.report.run import RunData, RunInputError, load_run
+from r1_ascend.report.tensorboard_events import TensorboardUnavailableError
+from r1_ascend.report.timing import COLUMNS, TimingTable, Window, build_timing_table, parse_window
+
+logger = logging.getLogger(__name__)
+
+_OFF = ("off", "none", "disable")
+
+
+def _threshold(text: str) -> float | None:
+    if text.strip().lower() in _OFF:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        msg = f"expected a non-negative number or 'off', got {text!r}"
+        raise argparse.ArgumentTypeError(msg) from None
+    if value < 0 or value != value:
+        msg = f"expected a non-negative number or 'off', got {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return value
+
+
+def _window(text: str) -> Window:
+    try:
+        return parse_window(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        msg = f"expected a positive integer, got {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = Thresholds()
+    parser = argparse.ArgumentParser(
+        prog="r1-ascend report",
+        description=(
+            "Build a Markdown report (timing table, curves, sample answers) from verl console logs, TensorBoard "
+            "files and generation dumps; or compare a candidate run against a baseline and fail on a regression."
+        ),
+        epilog="Exit codes: 0 ok, 1 regression found (comparison), 2 usage error or missing data.",
+    )
+    parser.add_argument(
+        "paths",
+        nargs="*",
+        type=Path,
+        metavar="RUN_DIR_OR_LOG",
+        help="job log file(s) and/or run directories of ONE run, oldest first (a resumed run may span several logs)",
+    )
+    parser.add_argument("--out", type=Path, help="output directory (default: <first path's directory>/report)")
+    parser.add_argument(
+        "--window",
+        type=_window,
+        help=f"steps to average, FIRST:LAST inclusive (report default: all; comparison default: {DEFAULT_WINDOW})",
+    )
+    parser.add_argument("--name", help="run name shown in the report (default: the first path's name)")
+    parser.add_argument(
+        "--dies-per-card", type=_positive_int, default=2, help="NPU dies per card for per-card throughput (A3: 2)"
+    )
+    parser.add_argument("--samples", type=int, default=3, help="sample generations to show per dump (default 3)")
+    parser.add_argument("--sample-chars", type=_positive_int, default=600, help="characters kept per prompt/response")
+    parser.add_argument("--no-figures", action="store_true", help="skip the PNG curves")
+    parser.add_argument(
+        "--no-dumps", action="store_true", help="do not read generation JSONL dumps (they can be large)"
+    )
+    compare = parser.add_argument_group("comparison (CI regression check)")
+    compare.add_argument("--baseline", nargs="+", type=Path, metavar="PATH", help="baseline run (logs or directory)")
+    compare.add_argument("--candidate", nargs="+", type=Path, metavar="PATH", help="candidate run (logs or directory)")
+    compare.add_argument(
+        "--max-throughput-drop",
+        type=_threshold,
+        default=defaults.max_throughput_drop,
+        help="largest allowed relative drop of mean perf/throughput (default 0.05 = 5%%; 'off' disables)",
+    )
+    compare.add_argument(
+        "--max-step-time-increase",
+        type=_threshold,
+        default=defaults.max_step_time_increase,
+        help="largest allowed relative increase of mean timing_s/step (default 0.05)",
+    )
+    compare.add_argument(
+        "--max-memory-increase-gb",
+        type=_threshold,
+        default=defaults.max_memory_increase_gb,
+        help="largest allowed increase of peak perf/max_memory_allocated_gb in GiB (default 1.0)",
+    )
+    compare.add_argument(
+        "--max-reward-diff",
+        type=_threshold,
+        default=defaults.max_reward_diff,
+        help="largest allowed absolute difference of mean critic/rewards/mean, either direction (default 0.05)",
+    )
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits 2 on usage errors and 0 on --help
+        return int(exc.code or 0)
+    comparing = args.baseline is not None or args.candidate is not None
+    try:
+        if comparing:
+            return _run_comparison(parser, args)
+        if not args.paths:
+            parser.print_usage(sys.stderr)
+            print(
+                "r1-ascend report: error: give a run directory or log, or --baseline and --candidate", file=sys.stderr
+            )
+            return EXIT_ERROR
+        return _run_report(args)
+    except (RunInputError, TensorboardUnavailableError, OSError) as exc:
+        print(f"r1-ascend report: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _load(paths: list[Path], args: argparse.Namespace, name: str | None = None) -> RunData:
+    return load_run(
+        paths,
+        name=name,
+        samples_wanted=max(args.samples, 0),
+        sample_chars=args.sample_chars,
+        read_dumps=not args.no_dumps,
+    )
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    from r1_ascend.report.figures import write_figures
+
+    run = _load(args.paths, args, args.name)
+    first = args.paths[0]
+    out_dir: Path = args.out or ((first if first.is_dir() else first.parent) / "report")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    window = args.window or Window()
+    table = build_timing_table(run, window, args.dies_per_card)
+    figures = [] if args.no_figures else write_figures(run, out_dir, args.dies_per_card)
+    report_path = out_dir / "report.md"
+    report_path.write_text(render_report(run, table, figures, args.dies_per_card, out_dir), encoding="utf-8")
+    _write_csv(table, out_dir / "timing.csv")
+    print(f"wrote {report_path}")
+    print(f"wrote {out_dir / 'timing.csv'}")
+    for figure in figures:
+        if figure.written:
+            print(f"wrote {out_dir / figure.filename}")
+    _print_summary(table)
+    if run.problems:
+        print(f"note: {len(run.problems)} unreadable log fragment(s) skipped; listed in {report_path}")
+    return EXIT_OK
+
+
+def _write_csv(table: TimingTable, path: Path) -> None:
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["step", *(c.key for c in COLUMNS)])
+        for step, row in table.rows.items():
+            writer.writerow([step, *("" if row[c.key] is None else repr(row[c.key]) for c in COLUMNS)])
+
+
+def _print_summary(table: TimingTable) -> None:
+    if not table.window_steps:
+        print(f"no training steps in window {table.window.describe()}")
+        return
+    cells = ", ".join(f"{c.header} {fmt(table.means[c.key].value, c.digits)}" for c in COLUMNS)
+    print(f"mean over steps {table.window_steps[0]}–{table.window_steps[-1]}: {cells}")
+
+
+def _run_comparison(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    if args.baseline is None or args.candidate is None or args.paths:
+        parser.print_usage(sys.stderr)
+        print(
+            "r1-ascend report: error: comparison needs both --baseline and --candidate and no positional paths",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    window = args.window or parse_window(DEFAULT_WINDOW)
+    thresholds = Thresholds(
+        args.max_throughput_drop, args.max_step_time_increase, args.max_memory_increase_gb, args.max_reward_diff
+    )
+    baseline = _load(args.baseline, args, "baseline")
+    candidate = _load(args.candidate, args, "candidate")
+    results = compare_runs(baseline, candidate, window, thresholds)
+    names = (_label(args.baseline), _label(args.candidate))
+    text = comparison_markdown(results, names[0], names[1], window.describe())
+    print(text, end="")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "comparison.md").write_text(text, encoding="utf-8")
+    code = exit_code(results)
+    if not results:
+        print("r1-ascend report: error: every check is switched off", file=sys.stderr)
+    print({0: "PASS", 1: "FAIL: regression", 2: "ERROR: missing data"}[code])
+    return code
+
+
+def _label(paths: list[Path]) -> str:
+    return ", ".join(str(p) for p in paths)

@@ -1,0 +1,244 @@
+"""Markdown rendering of the run report and of a comparison."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+from r1_ascend.report import metric_names as mn
+from r1_ascend.report.compare import CheckResult
+from r1_ascend.report.figures import FigureResult
+from r1_ascend.report.run import RunData, problems_summary
+from r1_ascend.report.timing import COLUMNS, RESHARD_DERIVED, RESHARD_FROM_TIMER, TimingTable
+
+NOT_LOGGED = "n/a"
+
+
+def fmt(value: float | None, digits: int = 1) -> str:
+    if value is None:
+        return NOT_LOGGED
+    if math.isnan(value):
+        return "nan"
+    return f"{value:.{digits}f}"
+
+
+def _escape(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def timing_table_markdown(table: TimingTable) -> str:
+    header = "| step | " + " | ".join(c.header for c in COLUMNS) + " |"
+    rule = "|---:|" + "---:|" * len(COLUMNS)
+    lines = [header, rule]
+    for step, row in table.rows.items():
+        mark = "" if table.window.contains(step) else " (outside window)"
+        cells = " | ".join(fmt(row[c.key], c.digits) for c in COLUMNS)
+        lines.append(f"| {step}{mark} | {cells} |")
+    first, last = (table.window_steps[0], table.window_steps[-1]) if table.window_steps else (None, None)
+    label = f"**mean {first}–{last}**" if table.window_steps else "**mean (no steps in window)**"
+    means = " | ".join(_mean_cell(table, c.key, c.digits) for c in COLUMNS)
+    lines.append(f"| {label} | {means} |")
+    return "\n".join(lines)
+
+
+def _mean_cell(table: TimingTable, key: str, digits: int) -> str:
+    mean = table.means[key]
+    text = f"**{fmt(mean.value, digits)}**"
+    if mean.value is not None and mean.count < len(table.window_steps):
+        text += f" (n={mean.count}/{len(table.window_steps)})"
+    return text
+
+
+def _reshard_note(table: TimingTable) -> str:
+    timer = table.reshard_sources.get(RESHARD_FROM_TIMER, 0)
+    derived = table.reshard_sources.get(RESHARD_DERIVED, 0)
+    parts = []
+    if timer:
+        parts.append(f"{timer} step(s) from the dedicated timer `{mn.RESHARD_TIME}`")
+    if derived:
+        parts.append(
+            f"{derived} step(s) derived as `{mn.GEN_TIME}` − `{mn.GENERATE_SEQUENCES_TIME}` (weight sync, "
+            "rollout onload/offload and dispatch around generation; stock verl 0.6.1 has no reshard timer)"
+        )
+    if not parts:
+        return f"Reshard: {NOT_LOGGED} (not logged: neither `{mn.RESHARD_TIME}` nor both `{mn.GEN_TIME}` and " + (
+            f"`{mn.GENERATE_SEQUENCES_TIME}` were found)."
+        )
+    return "Reshard: " + "; ".join(parts) + "."
+
+
+def render_report(
+    run: RunData,
+    table: TimingTable,
+    figures: list[FigureResult],
+    dies_per_card: int,
+    base_dir: Path,
+) -> str:
+    out = [f"# Run report: {run.name}", ""]
+    out += _sources_section(run, base_dir)
+    training = run.training_steps()
+    if training:
+        out.append(f"Training steps logged: {len(training)} (steps {training[0]}–{training[-1]}).")
+    else:
+        out.append("Training steps logged: none (only validation lines were found).")
+    out.append(f"Averaging window: steps {table.window.describe()} (inclusive); {len(table.window_steps)} step(s).")
+    out.append("")
+    out += _resume_section(run)
+    out += ["## Timing per step", ""]
+    out.append(
+        f"Throughput per A3 card = {dies_per_card} × `{mn.THROUGHPUT_PER_DIE}` (verl divides tokens by step time and "
+        "by the number of devices; one device is one NPU die). "
+        f"`{NOT_LOGGED}` = the metric is absent from the logs."
+    )
+    out += ["", timing_table_markdown(table), "", _reshard_note(table), ""]
+    if table.missing:
+        out.append("Missing timing metrics:")
+        for column in COLUMNS:
+            steps = table.missing.get(column.key)
+            if steps:
+                out.append(f"- {column.header} (`{column.source}`): {_step_list(steps)}")
+        out.append("")
+    out += _validation_section(run)
+    out += _figures_section(figures)
+    out += _samples_section(run)
+    if run.problems:
+        out += [
+            f"## Log problems ({len(run.problems)})",
+            "",
+            "Lines or values that could not be read were skipped:",
+            "",
+        ]
+        out += [f"- {_escape(p)}" for p in problems_summary(run.problems)]
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _rel(path: Path, base_dir: Path) -> str:
+    try:
+        return os.path.relpath(path.resolve(), base_dir.resolve())
+    except ValueError:  # another drive on Windows
+        return str(path)
+
+
+def _sources_section(run: RunData, base_dir: Path) -> list[str]:
+    lines = []
+    if run.console_files:
+        lines.append("Console logs: " + ", ".join(f"`{_rel(p, base_dir)}`" for p in run.console_files))
+    if run.event_files:
+        lines.append("TensorBoard files: " + ", ".join(f"`{_rel(p, base_dir)}`" for p in run.event_files))
+        if run.filled_from_tensorboard:
+            lines.append(
+                f"({run.filled_from_tensorboard} value(s) taken from TensorBoard where the console lacked them)"
+            )
+    if run.dump_dirs:
+        lines.append("Generation dumps: " + ", ".join(f"`{_rel(p, base_dir)}`" for p in run.dump_dirs))
+    return [*lines, ""] if lines else []
+
+
+def _resume_section(run: RunData) -> list[str]:
+    if not run.resume_points:
+        return ["Resume points: none (one continuous run).", ""]
+    lines = ["## Resume points", "", "Later values replace earlier ones for the same step and metric.", ""]
+    for point in run.resume_points:
+        where = point.source if point.line_no is None else f"{point.source}:{point.line_no}"
+        lines.append(f"- restart at step {point.restart_step}: {point.reason} ({_escape(where)})")
+    if run.overwritten_values:
+        lines.append(f"- {run.overwritten_values} value(s) were replaced by a later log line of the same step")
+    return [*lines, ""]
+
+
+def _validation_section(run: RunData) -> list[str]:
+    rows = []
+    for key in sorted(run.keys()):
+        match = mn.VAL_CORE_MEAN.match(key)
+        if not match:
+            continue
+        steps, values = run.series(key)
+        if steps:
+            rows.append(
+                f"| {_escape(match['source'])} | {match['var']} mean@{match['n']} | {fmt(values[0], 4)} (step "
+                f"{steps[0]}) | {fmt(values[-1], 4)} (step {steps[-1]}) | {fmt(max(values), 4)} |"
+            )
+    if not rows:
+        return ["## Validation", "", f"{NOT_LOGGED}: no `val-core/<source>/<var>/mean@N` metrics were logged.", ""]
+    header = ["## Validation", "", "| set | metric | first | last | best |", "|---|---|---:|---:|---:|"]
+    return [*header, *rows, ""]
+
+
+def _figures_section(figures: list[FigureResult]) -> list[str]:
+    lines = ["## Curves", ""]
+    for figure in figures:
+        if figure.written:
+            lines.append(f"### {figure.title}")
+            lines.append("")
+            lines.append(f"![{figure.title}]({figure.filename})")
+            if figure.missing:
+                lines.append("")
+                lines.append("Not logged: " + ", ".join(f"`{k}`" for k in figure.missing))
+            lines.append("")
+        else:
+            lines.append(f"### {figure.title}")
+            lines.append("")
+            lines.append(f"{NOT_LOGGED}: none of the needed metrics were logged.")
+            lines.append("")
+    return lines
+
+
+def _samples_section(run: RunData) -> list[str]:
+    if not run.samples:
+        return [
+            "## Sample generations",
+            "",
+            f"{NOT_LOGGED}: the run logged no generations (set `trainer.rollout_data_dir`, "
+            "`trainer.validation_data_dir` or `trainer.log_val_generations` with the tensorboard logger).",
+            "",
+        ]
+    lines = ["## Sample generations", ""]
+    for index, sample in enumerate(run.samples, start=1):
+        score = "" if sample.score is None else f", score {sample.score:g}"
+        lines.append(f"### Sample {index} ({_escape(sample.origin)}, step {sample.step}{score})")
+        lines.append("")
+        if sample.ground_truth is not None:
+            lines.append(f"Ground truth: `{sample.ground_truth}`")
+            lines.append("")
+        if sample.extras:
+            lines.append("Reward details: " + ", ".join(f"{k}={v}" for k, v in sample.extras.items()))
+            lines.append("")
+        lines += ["Prompt:", "", _fenced(sample.prompt), "", "Response:", "", _fenced(sample.response), ""]
+    return lines
+
+
+def _fenced(text: str) -> str:
+    fence = "```"
+    while fence in text:
+        fence += "`"
+    return f"{fence}text\n{text}\n{fence}"
+
+
+def _step_list(steps: list[int]) -> str:
+    if len(steps) <= 12:
+        return "steps " + ", ".join(str(s) for s in steps)
+    return f"{len(steps)} steps ({steps[0]}–{steps[-1]})"
+
+
+def comparison_markdown(results: list[CheckResult], baseline_name: str, candidate_name: str, window: str) -> str:
+    lines = [
+        f"Comparison: baseline `{baseline_name}` vs candidate `{candidate_name}`, steps {window} (inclusive)",
+        "",
+        "| metric | verl key | baseline | candidate | change | threshold | verdict |",
+        "|---|---|---:|---:|---:|---:|---|",
+    ]
+    for r in results:
+        verdict = r.verdict if not r.note else f"{r.verdict} ({r.note})"
+        lines.append(
+            f"| {r.metric} | `{r.source}` | {_value_with_n(r.baseline, r.baseline_steps)} | "
+            f"{_value_with_n(r.candidate, r.candidate_steps)} | {r.change} | {r.threshold} | {verdict} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _value_with_n(value: float | None, count: int) -> str:
+    if value is None:
+        return NOT_LOGGED
+    return f"{value:.4g} (n={count})"

@@ -1,0 +1,291 @@
+"""FP8 -> BF16 for a whole HF checkpoint: streaming, parallel over shards, atomic per shard, resumable.
+
+Each output shard keeps its input file name and tensor assignment (scales dropped, FP8 -> BF16, everything else
+byte-identical). Its header is computed from the input header, then tensors are dequantised and written one at a
+time into a temp file that is renamed when complete; a rerun skips shards whose header and size already match.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from r1_ascend.weights.errors import CheckpointFormatError
+from r1_ascend.weights.fp8 import SCALE_SUFFIX
+from r1_ascend.weights.outdir import fingerprint, prepare_output, remove_stale_temps
+from r1_ascend.weights.progress import Progress
+from r1_ascend.weights.safetensors_io import (
+    PT_METADATA,
+    StreamingWriter,
+    TensorEntry,
+    encode_header,
+    ordered_layout,
+    write_atomically,
+)
+from r1_ascend.weights.source import INDEX_NAME, HFCheckpoint, is_mtp_tensor, load_json
+
+log = logging.getLogger(__name__)
+
+MANIFEST = ".r1-ascend-fp8-to-bf16.json"
+# Test hook: SIGKILL this process after writing N tensors, to exercise resume after a crash.
+FAULT_ENV = "R1_ASCEND_WEIGHTS_KILL_AFTER_TENSORS"
+_SIDE_FILE_SKIP = {INDEX_NAME}
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """One output shard: its file name, header layout and the input bytes it reads."""
+
+    file: str
+    layout: list[TensorEntry]
+    input_bytes: int
+
+    @property
+    def header(self) -> bytes:
+        return encode_header(self.layout, PT_METADATA)
+
+    @property
+    def file_size(self) -> int:
+        return len(self.header) + (self.layout[-1].end if self.layout else 0)
+
+
+def plan_shards(ckpt: HFCheckpoint, *, drop_mtp: bool) -> list[ShardPlan]:
+    """Output layout per input shard; checks that every FP8 weight has a scale and every scale a weight."""
+    for name in ckpt.weight_map:
+        if name.endswith(SCALE_SUFFIX):
+            base = name[: -len(SCALE_SUFFIX)]
+            if base not in ckpt.weight_map or not ckpt.is_fp8(base):
+                msg = f"{name!r} has no FP8 weight {base!r} next to it in {INDEX_NAME}; the index is inconsistent"
+                raise CheckpointFormatError(msg)
+        elif ckpt.is_fp8(name):
+            ckpt.scale_name(name)
+    plans = []
+    for file in ckpt.files:
+        entries = []
+        input_bytes = 0
+        for entry in ckpt.headers[file].entries.values():
+            if ckpt.weight_map.get(entry.name) != file:
+                continue  # present in the shard but not indexed there: ignored like transformers does
+            input_bytes += entry.nbytes
+            if entry.name.endswith(SCALE_SUFFIX):
+                continue
+            if drop_mtp and is_mtp_tensor(entry.name, ckpt.num_hidden_layers):
+                continue
+            dtype = "BF16" if entry.dtype == "F8_E4M3" else entry.dtype
+            entries.append((entry.name, dtype, entry.shape))
+        plans.append(ShardPlan(file, ordered_layout(entries), input_bytes))
+    return plans
+
+
+def shard_is_complete(path: Path, plan: ShardPlan) -> bool:
+    """Cheap resume check: the file has exactly the expected header and length."""
+    if not path.exists() or path.stat().st_size != plan.file_size:
+        return False
+    with path.open("rb") as f:
+        return f.read(len(plan.header)) == plan.header
+
+
+_WORKER_STATE: dict[str, Any] = {}
+
+
+def _worker_init(queue: Any, threads: int) -> None:
+    _WORKER_STATE["queue"] = queue
+    torch.set_num_threads(threads)
+
+
+def _checkpoint(src: str) -> HFCheckpoint:
+    cached = _WORKER_STATE.get("ckpt")
+    if cached is None or str(cached.path) != src:
+        cached = HFCheckpoint(src)
+        _WORKER_STATE["ckpt"] = cached
+    return cached
+
+
+def _maybe_fault() -> None:
+    limit = os.environ.get(FAULT_ENV)
+    if limit is None:
+        return
+    _WORKER_STATE["written"] = _WORKER_STATE.get("written", 0) + 1
+    if _WORKER_STATE["written"] >= int(limit):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def convert_shard(src: str, dst: str, plan: ShardPlan, report: Any = None) -> int:
+    """Write one output shard atomically; returns the bytes written."""
+    ckpt = _checkpoint(src)
+    final = Path(dst) / plan.file
+    tmp = final.with_name(f".{plan.file}.tmp-{os.getpid()}")
+    queue = _WORKER_STATE.get("queue")
+    try:
+        with tmp.open("wb") as f:
+            writer = StreamingWriter(f, plan.layout, PT_METADATA)
+            for entry in plan.layout:
+                tensor = ckpt.tensor(entry.name)
+                writer.write(entry.name, tensor)
+                src_bytes = ckpt.entry(entry.name).nbytes
+                if ckpt.is_fp8(entry.name):
+                    src_bytes += ckpt.entry(ckpt.scale_name(entry.name)).nbytes
+                del tensor
+                if report is not None:
+                    report(src_bytes)
+                elif queue is not None:
+                    queue.put(src_bytes)
+                _maybe_fault()
+            writer.close_check()
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return plan.file_size
+
+
+def _copy_side_files(src: Path, dst: Path) -> None:
+    """Config, tokenizer, code files: everything small that is not a shard or the index."""
+    for item in sorted(src.iterdir()):
+        side = item.is_file() and item.suffix != ".safetensors" and not item.name.startswith(".")
+        if side and item.name not in _SIDE_FILE_SKIP:
+            shutil.copy2(item, dst / item.name)
+
+
+def bf16_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The weights are no longer FP8: a kept quantization_config would make HF/vLLM re-quantise-load them."""
+    out = dict(config)
+    out.pop("quantization_config", None)
+    out["torch_dtype"] = "bfloat16"
+    return out
+
+
+@dataclass
+class ConversionResult:
+    out_dir: Path
+    shards_written: int
+    shards_skipped: int
+    bytes_written: int
+    seconds: float
+    input_bytes: int
+
+
+def convert_fp8_to_bf16(
+    src: str | Path,
+    dst: str | Path,
+    *,
+    workers: int = 1,
+    drop_mtp: bool = False,
+    overwrite: bool = False,
+    verify: bool = False,
+    progress: bool = True,
+) -> ConversionResult:
+    """Dequantise every FP8 weight of ``src`` into ``dst`` (see module docstring for the guarantees)."""
+    start = time.monotonic()
+    src, dst = Path(src).resolve(), Path(dst).resolve()
+    if src == dst:
+        msg = "source and output directories are the same; the converter never modifies its input"
+        raise CheckpointFormatError(msg)
+    ckpt = HFCheckpoint(src)
+    plans = plan_shards(ckpt, drop_mtp=drop_mtp)
+    manifest = {
+        "step": "fp8-to-bf16",
+        "source": str(src),
+        "source_index_sha256": fingerprint(src / INDEX_NAME) if (src / INDEX_NAME).exists() else None,
+        "drop_mtp": drop_mtp,
+    }
+    resuming = prepare_output(dst, MANIFEST, manifest, overwrite=overwrite)
+    if resuming:
+        removed = remove_stale_temps(dst)
+        log.info("resuming into %s (%d stale temp files removed)", dst, removed)
+    todo = [p for p in plans if p.layout and not shard_is_complete(dst / p.file, p)]
+    skipped = sum(1 for p in plans if p.layout) - len(todo)
+    total_input = sum(p.input_bytes for p in plans)
+    bar = Progress("fp8-to-bf16", total_input, enabled=progress)
+    bar.skip(total_input - sum(p.input_bytes for p in todo))
+    if skipped:
+        log.info("%d shards already complete, %d to convert", skipped, len(todo))
+    written = 0
+    if workers <= 1 or len(todo) <= 1:
+        for plan in todo:
+            written += convert_shard(str(src), str(dst), plan, report=bar.add)
+    else:
+        written = _run_parallel(str(src), str(dst), todo, workers, bar)
+    _write_index_and_side_files(src, dst, plans, ckpt.config)
+    bar.finish()
+    result = ConversionResult(dst, len(todo), skipped, written, time.monotonic() - start, total_input)
+    if verify:
+        verify_bf16(src, dst, drop_mtp=drop_mtp, progress=progress)
+    return result
+
+
+def _run_parallel(src: str, dst: str, todo: list[ShardPlan], workers: int, bar: Progress) -> int:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    written = 0
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init, initargs=(queue, threads)) as pool:
+        # biggest shards first so the tail is short
+        futures = {pool.submit(convert_shard, src, dst, p) for p in sorted(todo, key=lambda p: -p.input_bytes)}
+        while futures:
+            done, futures = wait(futures, timeout=0.5, return_when=FIRST_COMPLETED)
+            while not queue.empty():
+                bar.add(queue.get())
+            for fut in done:
+                written += fut.result()
+    while not queue.empty():
+        bar.add(queue.get())
+    return written
+
+
+def _write_index_and_side_files(src: Path, dst: Path, plans: list[ShardPlan], config: dict[str, Any]) -> None:
+    weight_map = {e.name: p.file for p in plans for e in p.layout}
+    total = sum(e.nbytes for p in plans for e in p.layout)
+    _copy_side_files(src, dst)
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    write_atomically(dst / INDEX_NAME, (json.dumps(index, indent=2) + "\n").encode())
+    write_atomically(dst / "config.json", (json.dumps(bf16_config(config), indent=2) + "\n").encode())
+
+
+def verify_bf16(src: str | Path, dst: str | Path, *, drop_mtp: bool = False, progress: bool = True) -> int:
+    """Re-read every output tensor and compare it bit for bit with a fresh dequantisation of the source."""
+    source, output = HFCheckpoint(src), HFCheckpoint(dst)
+    expected = set(source.names(include_mtp=not drop_mtp))
+    got = set(output.names(include_scales=True))
+    if expected != got:
+        missing, extra = sorted(expected - got)[:5], sorted(got - expected)[:5]
+        msg = f"{dst}: tensor set differs from the source (missing {missing}, unexpected {extra})"
+        raise CheckpointFormatError(msg)
+    index = load_json(Path(dst) / INDEX_NAME)
+    total = sum(output.entry(n).nbytes for n in got)
+    if index.get("metadata", {}).get("total_size") != total:
+        msg = f"{dst}/{INDEX_NAME}: metadata.total_size is {index.get('metadata')}, expected {total}"
+        raise CheckpointFormatError(msg)
+    for file, header in output.headers.items():
+        if (header.metadata or {}).get("format") != "pt":
+            msg = f"{dst}/{file}: safetensors metadata {header.metadata} lacks format=pt (transformers needs it)"
+            raise CheckpointFormatError(msg)
+    bar = Progress("verify", sum(output.entry(n).nbytes for n in got), enabled=progress)
+    for name in sorted(got):
+        want, have = source.tensor(name), output.raw(name)
+        if want.dtype != have.dtype or want.shape != have.shape or not _bit_equal(want, have):
+            msg = f"{dst}: tensor {name!r} differs from the dequantised source"
+            raise CheckpointFormatError(msg)
+        bar.add(output.entry(name).nbytes)
+    bar.finish()
+    return len(got)
+
+
+def _bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.element_size() == 1:
+        return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    view = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return torch.equal(a.contiguous().view(view), b.contiguous().view(view))

@@ -1,0 +1,252 @@
+"""Write a Megatron-core ``torch_dist`` checkpoint from an HF checkpoint, one tensor at a time.
+
+The chunks of each virtual rank go to ``__{rank}_0.distcp`` through PyTorch DCP's own ``FileSystemWriter`` (so the
+byte format is DCP's), driven by a resolver that reads and converts one HF tensor when DCP asks for the chunk;
+``.metadata`` (the DCP metadata plus mcore's ``mcore_data``), ``common.pt`` and ``metadata.json`` complete the
+directory as ``megatron.core.dist_checkpointing.save`` would. Peak memory per process is about two copies of the
+largest HF tensor, independent of the model size; ``metadata.json`` is written last, so an interrupted run never
+looks like a checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing as mp
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.filesystem import FileSystemWriter, _StoragePrefix
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import SavePlan, TensorWriteData, WriteItem, WriteItemType
+
+from r1_ascend.weights.errors import CheckpointFormatError
+from r1_ascend.weights.mcore_plan import DistTensor, Layout, MegatronPlan, Piece, build_plan, empty_extra_state
+from r1_ascend.weights.outdir import fingerprint, prepare_output
+from r1_ascend.weights.progress import Progress
+from r1_ascend.weights.safetensors_io import write_atomically
+from r1_ascend.weights.source import HFCheckpoint
+
+log = logging.getLogger(__name__)
+
+MANIFEST = ".r1-ascend-to-megatron.json"
+MCORE_METADATA = {
+    "sharded_backend": "torch_dist",
+    "sharded_backend_version": 1,
+    "common_backend": "torch",
+    "common_backend_version": 1,
+}
+
+
+def check_plan_against_source(plan: MegatronPlan, ckpt: HFCheckpoint) -> None:
+    """Every non-MTP HF tensor is used exactly once, with the shape the config implies."""
+    available = set(ckpt.names(include_mtp=False))
+    missing = sorted(plan.consumed - available)
+    unused = sorted(available - plan.consumed)
+    if missing or unused:
+        msg = (
+            f"{ckpt.path} does not match its config.json: missing {missing[:5]}, not mapped {unused[:5]}. "
+            "Is this a DeepSeek-V3-architecture checkpoint with a complete download?"
+        )
+        raise CheckpointFormatError(msg)
+    for t in plan.tensors:
+        for p in t.pieces:
+            shape = ckpt.entry(p.source).shape
+            rows_ok = p.rows[1] <= shape[0]
+            cols_ok = p.cols is None or (len(shape) == 2 and p.cols[1] <= shape[1])
+            if not (rows_ok and cols_ok):
+                msg = f"{p.source} has shape {shape}, too small for {t.key} chunk {p.offsets}+{p.sizes}"
+                raise CheckpointFormatError(msg)
+
+
+def _write_item(t: DistTensor, p: Piece) -> WriteItem:
+    return WriteItem(
+        index=MetadataIndex(t.key, torch.Size(p.offsets)),
+        type=WriteItemType.SHARD,
+        tensor_data=TensorWriteData(
+            chunk=ChunkStorageMetadata(offsets=torch.Size(p.offsets), sizes=torch.Size(p.sizes)),
+            properties=TensorProperties(dtype=t.dtype),
+            size=torch.Size(t.global_shape),
+        ),
+    )
+
+
+class _LazyResolver:
+    """Stands in for DCP's SavePlanner during ``write_data``: produces each chunk only when it is written."""
+
+    def __init__(self, ckpt: HFCheckpoint, pieces: dict[tuple[str, tuple[int, ...]], tuple[DistTensor, Piece]], bar):
+        self.ckpt, self.pieces, self.bar = ckpt, pieces, bar
+        self._cached: tuple[str, torch.Tensor] | None = None
+
+    def _source(self, name: str) -> torch.Tensor:
+        # one-tensor cache: consecutive chunks (TP splits, gate/up halves) of one source reuse its dequantisation
+        if self._cached is None or self._cached[0] != name:
+            self._cached = None
+            self._cached = (name, self.ckpt.tensor(name))
+        return self._cached[1]
+
+    def resolve_data(self, item: WriteItem) -> Any:
+        if item.type == WriteItemType.BYTE_IO:
+            return empty_extra_state()
+        t, p = self.pieces[(item.index.fqn, tuple(item.index.offset))]
+        src = self._source(p.source)
+        chunk = src[p.rows[0] : p.rows[1]]
+        if p.cols is not None:
+            chunk = chunk[:, p.cols[0] : p.cols[1]]
+        chunk = chunk.to(t.dtype).reshape(p.sizes).contiguous()
+        if self.bar is not None:
+            self.bar(chunk.numel() * chunk.element_size())
+        return chunk
+
+
+def _rank_items(plan: MegatronPlan) -> dict[int, list[WriteItem]]:
+    out: dict[int, list[WriteItem]] = {}
+    for rank, (pieces, extras) in sorted(plan.by_rank().items()):
+        items = [WriteItem(index=MetadataIndex(e.unique_key), type=WriteItemType.BYTE_IO) for e in extras]
+        items += [_write_item(t, p) for t, p in pieces]
+        out[rank] = items
+    return out
+
+
+def _write_ranks(src: str, dst: str, layout: Layout, extra_state: bool, ranks: list[int], queue: Any) -> list[Any]:
+    """Worker: write the files of ``ranks``; returns DCP WriteResults for the metadata."""
+    ckpt = HFCheckpoint(src)
+    plan = build_plan(ckpt.config, layout, extra_state=extra_state)
+    pieces = {(t.key, p.offsets): (t, p) for t in plan.tensors for p in t.pieces}
+    items = _rank_items(plan)
+    report = queue.put if queue is not None else None
+    resolver = _LazyResolver(ckpt, pieces, report)
+    results: list[Any] = []
+    for rank in ranks:
+        writer = FileSystemWriter(dst, single_file_per_rank=True, sync_files=True, thread_count=1)
+        writer.set_up_storage_writer(True)
+        save_plan = SavePlan(items[rank], storage_data=_StoragePrefix(f"__{rank}_"))
+        results.extend(writer.write_data(save_plan, resolver).value())  # type: ignore[arg-type]
+        resolver._cached = None
+    return results
+
+
+def build_metadata(plan: MegatronPlan) -> Metadata:
+    state: dict[str, Any] = {}
+    for t in plan.tensors:
+        chunks = [ChunkStorageMetadata(torch.Size(p.offsets), torch.Size(p.sizes)) for p in t.pieces]
+        state[t.key] = TensorStorageMetadata(TensorProperties(dtype=t.dtype), torch.Size(t.global_shape), chunks)
+    for e in plan.extra_states:
+        state[e.unique_key] = BytesStorageMetadata()
+    metadata = Metadata(state_dict_metadata=state)
+    metadata.mcore_data = {t.key: {} for t in plan.tensors}  # what MCoreSavePlanner records for plain tensors
+    return metadata
+
+
+@dataclass
+class MegatronResult:
+    out_dir: Path
+    tensors: int
+    extra_states: int
+    bytes_written: int
+    seconds: float
+    skipped: bool = False
+
+
+def convert_hf_to_megatron(
+    src: str | Path,
+    dst: str | Path,
+    layout: Layout | None = None,
+    *,
+    workers: int = 1,
+    overwrite: bool = False,
+    extra_state: bool = True,
+    progress: bool = True,
+) -> MegatronResult:
+    """HF (BF16, or FP8 dequantised on the fly) -> Megatron-core torch_dist checkpoint directory."""
+    start = time.monotonic()
+    layout = layout or Layout()
+    src, dst = Path(src).resolve(), Path(dst).resolve()
+    ckpt = HFCheckpoint(src)
+    plan = build_plan(ckpt.config, layout, extra_state=extra_state)
+    check_plan_against_source(plan, ckpt)
+    manifest = {
+        "step": "to-megatron",
+        "source": str(src),
+        "source_config_sha256": fingerprint(src / "config.json"),
+        "layout": [layout.tp, layout.pp, layout.ep, list(layout.pp_layers)],
+        "extra_state": extra_state,
+    }
+    resuming = prepare_output(dst, MANIFEST, manifest, overwrite=overwrite)
+    total_bytes = sum(t.numel * torch.empty((), dtype=t.dtype).element_size() for t in plan.tensors)
+    if resuming:
+        if (dst / "metadata.json").exists() and (dst / ".metadata").exists():
+            log.info("%s is already a complete conversion of %s; nothing to do", dst, src)
+            return MegatronResult(dst, len(plan.tensors), len(plan.extra_states), 0, 0.0, skipped=True)
+        for stale in list(dst.glob("__*.distcp")) + list(dst.glob(".metadata*")) + [dst / "common.pt"]:
+            stale.unlink(missing_ok=True)  # DCP files of a killed run: redone (a rank file is not resumable)
+    items = _rank_items(plan)
+    ranks = sorted(items)
+    bar = Progress("to-megatron", total_bytes, enabled=progress)
+    if workers <= 1:
+        ckpt_pieces = {(t.key, p.offsets): (t, p) for t in plan.tensors for p in t.pieces}
+        resolver = _LazyResolver(ckpt, ckpt_pieces, bar.add)
+        results = []
+        for rank in ranks:
+            writer = FileSystemWriter(str(dst), single_file_per_rank=True, sync_files=True, thread_count=1)
+            writer.set_up_storage_writer(True)
+            save_plan = SavePlan(items[rank], storage_data=_StoragePrefix(f"__{rank}_"))
+            results.extend(writer.write_data(save_plan, resolver).value())  # type: ignore[arg-type]
+            resolver._cached = None
+    else:
+        results = _write_parallel(str(src), str(dst), layout, extra_state, plan, ranks, workers, bar)
+    finisher = FileSystemWriter(str(dst), single_file_per_rank=True, sync_files=True)
+    finisher.set_up_storage_writer(True)
+    finisher.finish(build_metadata(plan), [results])
+    common = dst / "common.pt"
+    torch.save({}, common)
+    write_atomically(dst / "metadata.json", json.dumps(MCORE_METADATA).encode())
+    bar.finish()
+    return MegatronResult(dst, len(plan.tensors), len(plan.extra_states), total_bytes, time.monotonic() - start)
+
+
+def _write_parallel(src, dst, layout, extra_state, plan, ranks, workers, bar) -> list[Any]:
+    sizes = {r: 0 for r in ranks}
+    for t in plan.tensors:
+        for p in t.pieces:
+            n = 1
+            for d in p.sizes:
+                n *= d
+            sizes[p.rank] += n
+    buckets: list[list[int]] = [[] for _ in range(workers)]
+    loads = [0] * workers
+    for r in sorted(ranks, key=lambda r: -sizes[r]):
+        i = loads.index(min(loads))
+        buckets[i].append(r)
+        loads[i] += sizes[r]
+    ctx = mp.get_context("spawn")
+    manager = ctx.Manager()
+    queue = manager.Queue()
+    results: list[Any] = []
+    with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+        futures = [pool.submit(_write_ranks, src, dst, layout, extra_state, b, queue) for b in buckets if b]
+        pending = set(futures)
+        while pending:
+            pending = {f for f in pending if not f.done()}
+            while not queue.empty():
+                bar.add(queue.get())
+            time.sleep(0.2)
+        for f in futures:
+            results.extend(f.result())
+    while not queue.empty():
+        bar.add(queue.get())
+    manager.shutdown()
+    os.sync()
+    return results

@@ -1,0 +1,59 @@
+"""Output-directory policy shared by the converters: refuse foreign content, resume our own, overwrite on request.
+
+A manifest written before any data records the source and the options; a rerun with the same manifest resumes,
+anything else in a non-empty directory is refused unless ``overwrite`` is given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from r1_ascend.weights.errors import OutputExistsError
+from r1_ascend.weights.safetensors_io import write_atomically
+
+
+def fingerprint(path: Path) -> str:
+    """sha256 of a small file (an index or a config): identifies the source a run started from."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def prepare_output(out: Path, manifest_name: str, manifest: dict[str, Any], *, overwrite: bool) -> bool:
+    """Make ``out`` ready; returns True when resuming an earlier run with the same manifest."""
+    manifest_path = out / manifest_name
+    if out.exists() and not out.is_dir():
+        msg = f"output {out} exists and is not a directory"
+        raise OutputExistsError(msg)
+    if overwrite and out.exists():
+        shutil.rmtree(out)
+    if out.exists() and any(out.iterdir()):
+        if manifest_path.exists():
+            previous = json.loads(manifest_path.read_text())
+            if previous == manifest:
+                return True
+            msg = (
+                f"output {out} holds an unfinished or finished conversion from a different source or with different "
+                f"options ({manifest_path}). Use a new directory, or pass --overwrite to delete {out} and start again."
+            )
+            raise OutputExistsError(msg)
+        msg = (
+            f"output {out} is not empty and was not produced by this converter; nothing was changed. Use an empty "
+            "or new directory, or pass --overwrite to delete its contents."
+        )
+        raise OutputExistsError(msg)
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomically(manifest_path, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
+    return False
+
+
+def remove_stale_temps(out: Path) -> int:
+    """Delete temp files a killed run left behind (``.<name>.tmp-<pid>``)."""
+    count = 0
+    for tmp in out.glob(".*.tmp-*"):
+        if tmp.is_file():
+            tmp.unlink()
+            count += 1
+    return count

@@ -1,0 +1,14 @@
+"""File for verl's ``custom_reward_function.path``: the project's math reward under verl's expected names.
+
+verl imports this file by path (as module ``custom_module``), so it only re-exports functions from the installed
+``r1_ascend.recipe.reward`` package; worker processes import that package by name.
+
+    custom_reward_function.path=recipe/deepscaler_reward.py custom_reward_function.name=compute_score
+    # or, with reward_model.reward_manager=batch: custom_reward_function.name=compute_score_batch
+"""
+
+from __future__ import annotations
+
+from r1_ascend.recipe.reward import compute_score, compute_score_batch
+
+__all__ = ["compute_score", "compute_score_batch"]

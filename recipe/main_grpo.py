@@ -1,0 +1,79 @@
+"""Entry point of the GRPO recipe: ``python -m r1_ascend.recipe.main_grpo --config-path DIR --config-name NAME``.
+
+It applies the overlay in this process first, makes sure every Ray worker applies it too (through
+``VERL_USE_EXTERNAL_MODULES`` in the Ray runtime env), refuses configurations under which verl would quietly run its
+stock workers, and then hands over to verl 0.6.1's own ``run_ppo`` with a ``TaskRunner`` subclass — verl's
+driver logic is reused, not copied.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import hydra
+from omegaconf import OmegaConf, open_dict
+from verl.trainer.main_ppo import TaskRunner, run_ppo
+
+import r1_ascend.patches.prelude  # noqa: F401 - first: the overlay must be applied before verl is used
+from r1_ascend.recipe.checks import check_recipe_config
+from r1_ascend.recipe.runtime_env import add_overlay_to_config
+
+logger = logging.getLogger(__name__)
+
+
+class RecipeConfigError(ValueError):
+    """The configuration would run stock verl instead of the overlay."""
+
+
+def raise_on_problems(problems: list[str]) -> None:
+    if problems:
+        listed = "\n".join(f"  - {problem}" for problem in problems)
+        msg = f"r1-ascend refuses to start: the run would not use the overlay's code paths:\n{listed}"
+        raise RecipeConfigError(msg)
+
+
+def prepare_config(config: Any) -> Any:
+    """Set what the overlay needs where the user left it unset, and carry the overlay into Ray's runtime env."""
+    with open_dict(config):
+        if OmegaConf.select(config, "actor_rollout_ref.rollout.mode", default=None) is None:
+            OmegaConf.update(config, "actor_rollout_ref.rollout.mode", "sync", force_add=True)
+    add_overlay_to_config(config)
+    return config
+
+
+class R1AscendTaskRunner(TaskRunner):
+    """verl's TaskRunner, checking in the driver process (where the trainer is built) that the overlay is live."""
+
+    def run(self, config: Any) -> None:
+        raise_on_problems(check_recipe_config(config))
+        super().run(config)
+
+    def add_actor_rollout_worker(self, config: Any) -> tuple[type, type]:
+        from verl.workers.megatron_workers import ActorRolloutRefWorker
+
+        worker_cls, group_cls = super().add_actor_rollout_worker(config)
+        if worker_cls is not ActorRolloutRefWorker:
+            msg = (
+                f"verl chose {worker_cls.__module__}.{worker_cls.__qualname__}; the overlay patches "
+                "verl.workers.megatron_workers.ActorRolloutRefWorker (strategy=megatron, rollout.mode=sync)"
+            )
+            raise RecipeConfigError(msg)
+        return worker_cls, group_cls
+
+
+def run(config: Any) -> None:
+    import ray
+
+    prepare_config(config)
+    raise_on_problems(check_recipe_config(config))
+    run_ppo(config, task_runner_class=ray.remote(num_cpus=1)(R1AscendTaskRunner))
+
+
+@hydra.main(config_path="config", config_name=None, version_base=None)
+def main(config: Any) -> None:
+    run(config)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""The response protocol: which part of a response is graded and which ``\\boxed{}`` is the answer.
+
+Decisions (tested in ``tests/reward/test_protocol.py``, argued in ``docs/reward.md``):
+
+* Exactly one ``</think>``. Text before it never counts. ``<think>`` may be absent (prompts that already opened
+  it), but if present it must come once and before ``</think>``.
+* Only ``\\boxed{...}`` / ``\\fbox{...}`` / ``\\boxed 5`` after ``</think>`` count. Identical repeats collapse;
+  several different boxes form one multi-part answer (a list), which matches only a multi-part ground truth —
+  so hedging (``\\boxed{1} or \\boxed{2}``) never earns reward.
+* ``<answer> ... </answer>`` around the box is what the instruction asks for; it feeds the ``format`` component
+  but is not required for accuracy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+try:  # the prompt template owns the marker strings; fall back to literals if it is not importable
+    from r1_ascend.data.template import ANSWER_CLOSE, ANSWER_OPEN, THINK_CLOSE, THINK_OPEN
+except ImportError:  # pragma: no cover - only when the data package is absent
+    THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE = "<think>", "</think>", "<answer>", "</answer>"
+
+PROTOCOL_THINK_BOXED = "think_boxed"
+PROTOCOL_BOXED = "boxed"
+PROTOCOLS = (PROTOCOL_THINK_BOXED, PROTOCOL_BOXED)
+
+MAX_BOX_CHARS = 2000
+_BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
+
+# fail_reason values (the empty string means the answer was extracted; see score.py for the grading ones)
+NO_THINK_CLOSE = "no_think_close"
+MULTIPLE_THINK_CLOSE = "multiple_think_close"
+BAD_THINK_OPEN = "bad_think_open"
+NO_BOX = "no_box"
+EMPTY_BOX = "empty_box"
+UNBALANCED_BOX = "unbalanced_box"
+
+
+@dataclasses.dataclass(frozen=True)
+class Extraction:
+    """The boxed answers found in the graded segment, or why there are none."""
+
+    answers: tuple[str, ...] = ()
+    fail_reason: str = ""
+    answer_tags_ok: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.fail_reason
+
+
+def find_boxes(text: str) -> tuple[list[str], str]:
+    """All top-level box contents in ``text`` in order, and a failure reason if a box is empty or unbalanced."""
+    answers: list[str] = []
+    problem = ""
+    position = 0
+    while True:
+        match = _BOX_RE.search(text, position)
+        if match is None:
+            break
+        index = match.end()
+        while index < len(text) and text[index] in " \t":
+            index += 1
+        if index < len(text) and text[index] == "{":
+            close = _matching_brace(text, index)
+            if close < 0:
+                problem = problem or UNBALANCED_BOX
+                break
+            content = text[index + 1 : close].strip()
+            position = close + 1
+        else:  # "\boxed 5": one token up to whitespace or a dollar sign
+            end = index
+            while end < len(text) and text[end] not in " \t\n$":
+                end += 1
+            content = text[index:end].strip() if index > match.end() else ""
+            position = max(end, match.end())
+        if content:
+            answers.append(content)
+        else:
+            problem = problem or EMPTY_BOX
+    return answers, problem
+
+
+def _matching_brace(text: str, open_index: int) -> int:
+    """Index of the brace closing ``text[open_index]`` (iterative, bounded by MAX_BOX_CHARS), or -1."""
+    depth = 0
+    limit = min(len(text), open_index + MAX_BOX_CHARS + 2)
+    for index in range(open_index, limit):
+        char = text[index]
+        if char == "\\" and index + 1 < limit and text[index + 1] in "{}":
+            continue
+        if char == "{" and (index == open_index or text[index - 1] != "\\"):
+            depth += 1
+        elif char == "}" and text[index - 1] != "\\":
+            depth -= 1
+            if depth == 0:
+                return index
+    return -1
+
+
+def _distinct(answers: list[str]) -> tuple[str, ...]:
+    seen: dict[str, str] = {}
+    for answer in answers:
+        seen.setdefault("".join(answer.split()), answer)
+    return tuple(seen.values())
+
+
+def extract_answer(response: str, protocol: str = PROTOCOL_THINK_BOXED) -> Extraction:
+    """Apply the protocol to one decoded response."""
+    if protocol not in PROTOCOLS:
+        msg = f"unknown reward protocol {protocol!r}; expected one of {PROTOCOLS}"
+        raise ValueError(msg)
+    tail = response
+    if protocol == PROTOCOL_THINK_BOXED:
+        closes = response.count(THINK_CLOSE)
+        if closes == 0:
+            return Extraction(fail_reason=NO_THINK_CLOSE)
+        if closes > 1:
+            return Extraction(fail_reason=MULTIPLE_THINK_CLOSE)
+        close_at = response.index(THINK_CLOSE)
+        opens = response.count(THINK_OPEN)
+        if opens > 1 or (opens == 1 and response.index(THINK_OPEN) > close_at):
+            return Extraction(fail_reason=BAD_THINK_OPEN)
+        tail = response[close_at + len(THINK_CLOSE) :]
+    answers, problem = find_boxes(tail)
+    if not answers:
+        return Extraction(fail_reason=problem or NO_BOX)
+    if problem:
+        return Extraction(fail_reason=problem)
+    return Extraction(answers=_distinct(answers), answer_tags_ok=_answer_tags_ok(tail))
+
+
+def _answer_tags_ok(tail: str) -> bool:
+    """One ``<answer>`` block after the reasoning, containing the last box, and nothing but whitespace after it."""
+    if tail.count(ANSWER_OPEN) != 1 or tail.count(ANSWER_CLOSE) != 1:
+        return False
+    start, end = tail.index(ANSWER_OPEN), tail.index(ANSWER_CLOSE)
+    if end < start or tail[end + len(ANSWER_CLOSE) :].strip():
+        return False
+    block = tail[start:end]
+    return _BOX_RE.search(block) is not None and not _BOX_RE.search(tail[end:])
+
+
+def unbox_ground_truth(ground_truth: str) -> str:
+    """Ground truths are plain answers; a boxed one (``\\boxed{24}``) is unwrapped to its last box."""
+    if _BOX_RE.search(ground_truth):
+        answers, _ = find_boxes(ground_truth)
+        if len(answers) == 1:
+            return answers[0]
+        if answers:
+            return ", ".join(answers)
+    return ground_truth

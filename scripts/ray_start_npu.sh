@@ -1,0 +1,196 @@
+#!/usr/bin/env bash
+# Start the Ray cluster for a multi-node r1-ascend run. Run the SAME command on every node; nothing to hand-edit:
+#
+#   NNODES=16 MASTER_ADDR=10.0.0.1 SOCKET_IFNAME=enp189s0f0 MODEL_PATH=... DIST_CKPT_DIR=... DATA_DIR=... \
+#       bash scripts/ray_start_npu.sh
+#
+# The node whose NIC (SOCKET_IFNAME / HCCL_SOCKET_IFNAME) carries MASTER_ADDR becomes the head: it runs the
+# preflight, starts Ray, waits until NNODES x NPUS_PER_NODE NPUs have joined (RAY_WAIT_TIMEOUT; NODE_IPS names the
+# nodes it waits for) and then runs the training (R1_ASCEND_LAUNCH_CMD). Every other node joins as a worker,
+# retrying until RAY_JOIN_TIMEOUT. `bash scripts/ray_start_npu.sh stop` stops the Ray processes this script started
+# on this node (by the PID it recorded), and nothing else. Variables and defaults: docs/environment.md.
+set -euo pipefail
+
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "${repo_root}"
+
+python_bin="${PYTHON:-python3}"
+ray_bin="${RAY:-ray}"
+action="${1:-start}"
+
+log() { echo "[ray_start_npu $(date +%H:%M:%S)] $*"; }
+die() { echo "[ray_start_npu] error: $*" >&2; exit 1; }
+
+run_dir="${R1_ASCEND_RUN_DIR:-${repo_root}/outputs/ray/$(hostname -s)}"
+mkdir -p "${run_dir}"
+
+stop_recorded() {
+    local pidfile pid session stopped=0
+    for pidfile in "${run_dir}"/ray-*.pid; do
+        [[ -e "${pidfile}" ]] || continue
+        pid="$(cat "${pidfile}")"
+        session="$(cat "${pidfile%.pid}.tempdir" 2>/dev/null || true)"
+        if kill -0 "${pid}" 2>/dev/null; then
+            log "stopping ray start --block (pid ${pid}); it stops the Ray processes it started"
+            kill -TERM "${pid}" 2>/dev/null || true
+            for _ in $(seq 1 30); do
+                kill -0 "${pid}" 2>/dev/null || break
+                sleep 1
+            done
+            kill -0 "${pid}" 2>/dev/null && kill -KILL "${pid}" 2>/dev/null || true
+        fi
+        # Ray processes of that start that outlived it: only ours (same user) and only under its private temp dir.
+        if [[ -n "${session}" ]]; then
+            local left
+            left="$(pgrep -u "$(id -u)" -f -- "${session}/" || true)"
+            if [[ -n "${left}" ]]; then
+                log "stopping leftover Ray processes under ${session}: ${left//$'\n'/ }"
+                # shellcheck disable=SC2086 # one PID per word
+                kill -TERM ${left} 2>/dev/null || true
+            fi
+        fi
+        rm -f "${pidfile}" "${pidfile%.pid}.tempdir"
+        stopped=1
+    done
+    (( stopped )) || log "no Ray processes recorded in ${run_dir}"
+}
+
+if [[ "${action}" == "stop" ]]; then
+    stop_recorded
+    exit 0
+elif [[ "${action}" != "start" ]]; then
+    die "unknown action '${action}'; use: bash scripts/ray_start_npu.sh [start|stop]"
+fi
+
+# --- who am I -----------------------------------------------------------------------------------------------------
+NNODES="${NNODES:-1}"
+NPUS_PER_NODE="${NPUS_PER_NODE:-16}"
+export NNODES NPUS_PER_NODE
+[[ "${NNODES}" =~ ^[1-9][0-9]*$ ]] || die "NNODES must be a positive integer, got '${NNODES}'"
+[[ "${NPUS_PER_NODE}" =~ ^[1-9][0-9]*$ ]] || die "NPUS_PER_NODE must be a positive integer, got '${NPUS_PER_NODE}'"
+
+nic="${SOCKET_IFNAME:-${HCCL_SOCKET_IFNAME:-}}"
+nic_ips=()
+if [[ -n "${nic}" ]]; then
+    if ! ip -4 -o addr show dev "${nic}" >/dev/null 2>&1; then
+        die "network interface '${nic}' (SOCKET_IFNAME/HCCL_SOCKET_IFNAME) does not exist on $(hostname -s); see: ip -4 -o addr"
+    fi
+    mapfile -t nic_ips < <(ip -4 -o addr show dev "${nic}" | awk '{split($4, a, "/"); print a[1]}')
+fi
+if [[ -n "${NODE_IP:-}" ]]; then
+    node_ip="${NODE_IP}"
+elif (( ${#nic_ips[@]} > 0 )); then
+    node_ip="${nic_ips[0]}"
+elif [[ -n "${nic}" ]]; then
+    die "interface '${nic}' has no IPv4 address; set SOCKET_IFNAME to the cluster NIC or NODE_IP explicitly"
+else
+    die "set SOCKET_IFNAME (or HCCL_SOCKET_IFNAME) to the cluster NIC, e.g. SOCKET_IFNAME=enp189s0f0 (ip -4 -o addr lists them)"
+fi
+master_addr="${MASTER_ADDR:-}"
+if [[ -z "${master_addr}" ]]; then
+    (( NNODES == 1 )) || die "set MASTER_ADDR to the head node's IP on ${nic:-the cluster NIC} (the same value on every node)"
+    master_addr="${node_ip}"
+fi
+role="worker"
+if [[ "${master_addr}" == "${node_ip}" ]]; then
+    role="head"
+else
+    for candidate in "${nic_ips[@]}"; do
+        if [[ "${candidate}" == "${master_addr}" ]]; then
+            role="head"
+            node_ip="${candidate}"
+        fi
+    done
+fi
+
+ray_port="${RAY_PORT:-6766}"
+ray_address="${master_addr}:${ray_port}"
+temp_dir="${RAY_TEMP_DIR:-/tmp/r1-ascend-ray-$(id -u)-${ray_port}}"
+export MASTER_ADDR="${master_addr}"
+# shellcheck source=scripts/npu_env.sh
+source "${repo_root}/scripts/npu_env.sh"
+ulimit -n 32768 2>/dev/null || log "warning: could not raise the open-file limit to 32768 (ulimit -n is $(ulimit -n))"
+
+log "role ${role}: node ${node_ip}${nic:+ on ${nic}}, head ${ray_address}, ${NNODES} node(s) x ${NPUS_PER_NODE} NPUs," \
+    "VLLM_DP_SIZE=${VLLM_DP_SIZE:-unset}, Ray temp dir ${temp_dir}"
+
+extra_args=()
+if [[ -n "${RAY_START_EXTRA_ARGS:-}" ]]; then
+    read -r -a extra_args <<< "${RAY_START_EXTRA_ARGS}"
+fi
+common_args=(
+    --node-ip-address="${node_ip}"
+    --resources="{\"NPU\": ${NPUS_PER_NODE}}"
+    --temp-dir="${temp_dir}"
+    --disable-usage-stats
+    --block
+)
+if [[ -n "${RAY_NUM_CPUS:-}" ]]; then
+    common_args+=(--num-cpus="${RAY_NUM_CPUS}")
+fi
+
+pidfile="${run_dir}/ray-${role}-${node_ip}.pid"
+ray_log="${run_dir}/ray-${role}-${node_ip}.log"
+
+start_ray() {
+    # `ray start --block` stays in the foreground as the parent of every Ray process it starts; killing it (stop)
+    # stops exactly those. It runs detached from this shell so the node keeps serving after the script ends.
+    nohup "${ray_bin}" start "$@" "${common_args[@]}" "${extra_args[@]}" >> "${ray_log}" 2>&1 < /dev/null &
+    echo "$!" > "${pidfile}"
+    echo "${temp_dir}" > "${pidfile%.pid}.tempdir"
+}
+
+if [[ -e "${pidfile}" ]] && kill -0 "$(cat "${pidfile}")" 2>/dev/null; then
+    die "Ray is already running from this script on this node (pid $(cat "${pidfile}")); run: bash scripts/ray_start_npu.sh stop"
+fi
+
+if [[ "${role}" == head ]]; then
+    if [[ -n "${R1_ASCEND_PREFLIGHT_CMD-bash scripts/run_grpo_deepseekv3_npu.sh --dry-run}" ]]; then
+        read -r -a preflight_cmd <<< "${R1_ASCEND_PREFLIGHT_CMD-bash scripts/run_grpo_deepseekv3_npu.sh --dry-run}"
+        log "preflight: ${preflight_cmd[*]}"
+        "${preflight_cmd[@]}" || die "preflight failed; fix the reported problems before taking the cluster"
+    fi
+    dashboard=(--include-dashboard=false)
+    if [[ "${RAY_DASHBOARD:-0}" == "1" ]]; then
+        dashboard=(--include-dashboard=true --dashboard-host="${node_ip}" --dashboard-port="${RAY_DASHBOARD_PORT:-8260}")
+    fi
+    start_ray --head --port="${ray_port}" "${dashboard[@]}"
+    log "started Ray head (pid $(cat "${pidfile}"), log ${ray_log}); waiting for ${NNODES} x ${NPUS_PER_NODE} NPUs" \
+        "(timeout ${RAY_WAIT_TIMEOUT:-1800} s)"
+    if ! "${python_bin}" -m r1_ascend.launch.ray_cluster wait --address "${ray_address}" --node-ip "${node_ip}" \
+        --nodes "${NNODES}" --npus-per-node "${NPUS_PER_NODE}" --expected-ips "${NODE_IPS:-}" \
+        --timeout "${RAY_WAIT_TIMEOUT:-1800}" --report-every "${RAY_REPORT_EVERY:-30}" \
+        --watch-pid "$(cat "${pidfile}")" --log "${ray_log}"; then
+        die "the Ray cluster did not assemble (see above); Ray keeps running, stop it with: bash scripts/ray_start_npu.sh stop"
+    fi
+    read -r -a launch_cmd <<< "${R1_ASCEND_LAUNCH_CMD:-bash scripts/run_grpo_deepseekv3_npu.sh}"
+    log "launching: ${launch_cmd[*]}"
+    export R1_ASCEND_SKIP_PREFLIGHT=1  # already done above, against the same environment
+    exec "${launch_cmd[@]}"
+fi
+
+join_deadline=$(( $(date +%s) + ${RAY_JOIN_TIMEOUT:-1800} ))
+attempt=0
+while :; do
+    attempt=$(( attempt + 1 ))
+    start_ray --address="${ray_address}"
+    if "${python_bin}" -m r1_ascend.launch.ray_cluster joined --address "${ray_address}" --node-ip "${node_ip}" \
+        --npus-per-node "${NPUS_PER_NODE}" --timeout "${RAY_JOIN_ATTEMPT_TIMEOUT:-60}" \
+        --watch-pid "$(cat "${pidfile}")" --log "${ray_log}"; then
+        log "joined the Ray cluster at ${ray_address} (pid $(cat "${pidfile}"), log ${ray_log}); the head runs the training"
+        exit 0
+    fi
+    pid="$(cat "${pidfile}")"
+    kill -TERM "${pid}" 2>/dev/null || true
+    for _ in $(seq 1 20); do
+        kill -0 "${pid}" 2>/dev/null || break
+        sleep 1
+    done
+    rm -f "${pidfile}"
+    if (( $(date +%s) >= join_deadline )); then
+        die "could not join the Ray head at ${ray_address} within ${RAY_JOIN_TIMEOUT:-1800} s (${attempt} attempts);" \
+            "is the head started, is MASTER_ADDR right, is port ${ray_port} reachable from ${node_ip}? log: ${ray_log}"
+    fi
+    log "attempt ${attempt} failed; retrying in ${RAY_RETRY_INTERVAL:-5} s"
+    sleep "${RAY_RETRY_INTERVAL:-5}"
+done

@@ -1,0 +1,171 @@
+"""scripts/ray_start_npu.sh on a real local Ray cluster: two "nodes" on loopback addresses with fake NPU resources.
+
+Ray rewrites 127.0.0.1 to the host's network address, so the nodes use 127.0.0.2 (head) and 127.0.0.3 (worker),
+given to the script through NODE_IP (which skips the NIC lookup). Ports are chosen free, every test has its own Ray
+temp dir, and everything is stopped through the script's own `stop` (the PIDs it recorded) - never `ray stop`,
+which would stop every Ray on the machine.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "ray_start_npu.sh"
+VENV_BIN = Path(sys.executable).parent
+HEAD_IP, WORKER_IP = "127.0.0.2", "127.0.0.3"
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def cluster_env(tmp_path):
+    tag = uuid.uuid4().hex[:8]
+    temp_dirs = {"head": f"/tmp/r1rt-{tag}-h", "worker": f"/tmp/r1rt-{tag}-w"}
+    marker = tmp_path / "launched.txt"
+    launch = tmp_path / "launch.sh"
+    launch.write_text(f'#!/usr/bin/env bash\necho "$VLLM_DP_SIZE $MASTER_ADDR" > {marker}\n')
+    base = {
+        **os.environ,
+        "PATH": f"{VENV_BIN}:{os.environ['PATH']}",
+        "PYTHON": str(VENV_BIN / "python"),
+        "RAY": str(VENV_BIN / "ray"),
+        "NNODES": "2",
+        "NPUS_PER_NODE": "16",
+        "MASTER_ADDR": HEAD_IP,
+        "RAY_PORT": str(_free_port()),
+        "RAY_NUM_CPUS": "1",
+        "R1_ASCEND_RUN_DIR": str(tmp_path / "run"),
+        "R1_ASCEND_PREFLIGHT_CMD": "",
+        "R1_ASCEND_LAUNCH_CMD": f"bash {launch}",
+        "RAY_REPORT_EVERY": "2",
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
+    base.pop("VLLM_DP_SIZE", None)
+    envs = {
+        "head": {
+            **base,
+            "NODE_IP": HEAD_IP,
+            "RAY_TEMP_DIR": temp_dirs["head"],
+            "RAY_START_EXTRA_ARGS": f"--ray-client-server-port={_free_port()} "
+            f"--dashboard-agent-listen-port={_free_port()}",
+        },
+        "worker": {
+            **base,
+            "NODE_IP": WORKER_IP,
+            "RAY_TEMP_DIR": temp_dirs["worker"],
+            "RAY_START_EXTRA_ARGS": f"--dashboard-agent-listen-port={_free_port()}",
+        },
+    }
+    yield envs, marker, temp_dirs
+    subprocess.run(["bash", str(SCRIPT), "stop"], env=envs["head"], check=False, capture_output=True, timeout=90)
+    for temp in temp_dirs.values():
+        left = _pids_under(temp)
+        for pid in left:  # only processes under this test's private temp dirs
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        subprocess.run(["rm", "-rf", temp], check=False)
+
+
+def _pids_under(temp_dir: str) -> list[int]:
+    out = subprocess.run(["pgrep", "-u", str(os.getuid()), "-f", f"{temp_dir}/"], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    try:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    except OSError:
+        pass
+    return inodes
+
+
+def _decode(hex_addr: str) -> str:
+    host, _ = hex_addr.split(":")
+    if len(host) == 8:
+        return str(ipaddress.IPv4Address(bytes.fromhex(host)[::-1]))
+    raw = bytes.fromhex(host)
+    return str(ipaddress.IPv6Address(b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))))
+
+
+def _tcp_sockets(inodes: set[str]) -> list[tuple[str, str, str]]:
+    """(state, local address, remote address) of the TCP sockets with these inodes."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            cols = line.split()
+            if cols[9] in inodes:
+                found.append((cols[3], _decode(cols[1]), _decode(cols[2])))
+    return found
+
+
+def _is_loopback_or_wildcard(addr: str) -> bool:
+    ip = ipaddress.ip_address(addr)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback or ip.is_unspecified
+
+
+def test_head_waits_for_all_npus_then_launches(cluster_env):
+    envs, marker, temp_dirs = cluster_env
+    head = subprocess.Popen(["bash", str(SCRIPT)], env=envs["head"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    worker = subprocess.run(["bash", str(SCRIPT)], env=envs["worker"], capture_output=True, text=True, timeout=120)
+    assert worker.returncode == 0, worker.stdout + worker.stderr
+    assert "joined the Ray cluster" in worker.stdout
+    out, _ = head.communicate(timeout=120)
+    text = out.decode()
+    assert head.returncode == 0, text
+    assert "role head" in text and "role worker" in worker.stdout
+    assert f"{HEAD_IP} (16 NPU), {WORKER_IP} (16 NPU)" in text  # both nodes seen through ray.nodes()
+    assert marker.read_text().split() == ["16", HEAD_IP]  # VLLM_DP_SIZE = 2 x 16 / 2, exported to the launch
+
+    pids = [p for temp in temp_dirs.values() for p in _pids_under(temp)]
+    assert pids, "no Ray processes found under the test's temp dirs"
+    sockets = _tcp_sockets(set().union(*(_socket_inodes(p) for p in pids)))
+    listening = [(local) for state, local, _ in sockets if state == "0A"]
+    assert listening
+    # Ray 2.46 binds its gRPC servers to the wildcard address (fixed upstream in ray-project/ray#55484); nothing
+    # may be bound to a specific non-loopback address, and no connection may leave loopback.
+    assert all(_is_loopback_or_wildcard(addr) for addr in listening), listening
+    connected = [(local, remote) for state, local, remote in sockets if state == "01"]
+    assert all(ipaddress.ip_address(r).is_loopback or ipaddress.ip_address(r).is_unspecified for _, r in connected)
+
+    stop = subprocess.run(["bash", str(SCRIPT), "stop"], env=envs["head"], capture_output=True, text=True, timeout=90)
+    assert stop.returncode == 0, stop.stderr
+    for temp in temp_dirs.values():
+        assert _pids_under(temp) == [], f"Ray processes left under {temp}"
+
+
+def test_head_times_out_naming_the_missing_node(cluster_env):
+    envs, marker, temp_dirs = cluster_env
+    env = {**envs["head"], "NODE_IPS": f"{HEAD_IP},{WORKER_IP}", "RAY_WAIT_TIMEOUT": "6"}
+    head = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=120)
+    assert head.returncode == 1
+    assert "timeout after 6 s" in head.stderr
+    assert f"1 of 2 nodes missing or without 16 NPUs: {WORKER_IP}" in head.stderr
+    assert not marker.exists()
+    subprocess.run(["bash", str(SCRIPT), "stop"], env=envs["head"], check=True, capture_output=True, timeout=90)
+    assert _pids_under(temp_dirs["head"]) == []

@@ -1,0 +1,291 @@
+"""Fixture runs written the way verl 0.6.1 writes them.
+
+Metrics come from verl's own functions (``compute_data_metrics``, ``compute_timing_metrics``,
+``compute_throughout_metrics``, ``process_validation_metrics``) applied to a small synthetic batch; console lines are
+printed by verl's ``LocalLogger``, TensorBoard files by verl's ``_TensorboardAdapter`` and generation dumps by
+``RayPPOTrainer._dump_generations``. The fixture keeps the raw inputs (timings, token counts, lengths) as the
+"truth" the tests compare the report against, computed without the report code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+N_GPUS = 256  # 16 A3 nodes x 16 dies
+BATCH = 8
+PROMPT_WIDTH = 16
+RESPONSE_WIDTH = 32
+TRAIN_TOKENS_SEQUENCES = 8192  # 512 prompts x 16 responses, as in the target configuration
+VAL_SOURCES = ("aime24", "math500")
+RAY_PREFIX = "\x1b[36m(TaskRunner pid=48213)\x1b[0m "
+WORKER_NOISE = (
+    "\x1b[36m(WorkerDict pid=51007, ip=10.0.0.2)\x1b[0m INFO 11-20 08:01:02 [model_runner.py:1203] Graph capturing "
+    "finished in 12 secs"
+)
+
+
+@dataclass
+class StepTruth:
+    step: int
+    timing: dict[str, float]
+    prompt_lengths: list[int]
+    response_lengths: list[int]
+    tokens: list[int]
+    entropy: float
+    kl_loss: float
+    memory_allocated_gb: float
+    sequence_scores: list[float]
+    val_acc: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class FixtureRun:
+    directory: Path
+    log_files: list[Path]
+    truth: dict[int, StepTruth]
+    event_dir: Path | None = None
+    dump_dir: Path | None = None
+
+
+@pytest.fixture(scope="session")
+def verl_modules() -> SimpleNamespace:
+    import verl.trainer.ppo.ray_trainer as ray_trainer
+    from verl import DataProto
+    from verl.trainer.ppo import metric_utils
+    from verl.utils.logger import LocalLogger
+    from verl.utils.tracking import _TensorboardAdapter
+
+    return SimpleNamespace(
+        DataProto=DataProto,
+        metric_utils=metric_utils,
+        LocalLogger=LocalLogger,
+        TensorboardAdapter=_TensorboardAdapter,
+        dump_generations=ray_trainer.RayPPOTrainer._dump_generations,
+    )
+
+
+def _batch(verl: SimpleNamespace, rng: np.random.Generator) -> tuple[object, list[int], list[int], list[float]]:
+    import torch
+
+    prompt_lengths = rng.integers(4, PROMPT_WIDTH + 1, size=BATCH)
+    response_lengths = rng.integers(1, RESPONSE_WIDTH + 1, size=BATCH)
+    prompt_mask = torch.tensor([[0] * (PROMPT_WIDTH - n) + [1] * n for n in prompt_lengths])
+    response_mask = torch.tensor([[1] * n + [0] * (RESPONSE_WIDTH - n) for n in response_lengths])
+    scores = rng.choice([0.0, 1.0], size=BATCH)
+    token_scores = torch.zeros(BATCH, RESPONSE_WIDTH)
+    for row, (n, score) in enumerate(zip(response_lengths, scores, strict=True)):
+        token_scores[row, n - 1] = float(score)
+    advantages = torch.tensor(rng.normal(size=(BATCH, RESPONSE_WIDTH)), dtype=torch.float32) * response_mask
+    batch = verl.DataProto.from_dict(
+        tensors={
+            "responses": torch.zeros(BATCH, RESPONSE_WIDTH, dtype=torch.long),
+            "attention_mask": torch.cat([prompt_mask, response_mask], dim=1),
+            "response_mask": response_mask,
+            "token_level_scores": token_scores,
+            "token_level_rewards": token_scores.clone(),
+            "advantages": advantages,
+            "returns": advantages.clone(),
+        }
+    )
+    return batch, [int(n) for n in prompt_lengths], [int(n) for n in response_lengths], [float(s) for s in scores]
+
+
+def _validation_metrics(verl: SimpleNamespace, rng: np.random.Generator) -> tuple[dict[str, float], dict[str, float]]:
+    """verl's process_validation_metrics, then verl's val-core / val-aux naming (ray_trainer._validate)."""
+    sources, uids, acc, fmt_ok = [], [], [], []
+    for source in VAL_SOURCES:
+        for index in range(6):
+            sources.append(source)
+            uids.append(f"{source}-{index}")
+            acc.append(float(rng.random() < 0.4))
+            fmt_ok.append(float(rng.random() < 0.8))
+    infos = {"reward": list(acc), "acc": acc, "format_ok": fmt_ok}
+    processed = verl.metric_utils.process_validation_metrics(np.array(sources), uids, infos)
+    metrics = {}
+    for source, var2metric in processed.items():
+        for var, metric2val in var2metric.items():
+            for metric_name, value in metric2val.items():
+                section = "val-core" if var == "acc" and metric_name.startswith("mean") else "val-aux"
+                metrics[f"{section}/{source}/{var}/{metric_name}"] = value
+    truth = {s: float(np.mean([a for a, src in zip(acc, sources, strict=True) if src == s])) for s in VAL_SOURCES}
+    return metrics, truth
+
+
+def _step_metrics(
+    verl: SimpleNamespace, step: int, rng: np.random.Generator, token_scale: float, val: bool, reshard_timer: bool
+) -> tuple[dict[str, float], StepTruth]:
+    batch, prompt_lengths, response_lengths, scores = _batch(verl, rng)
+    gen_core = float(rng.uniform(400, 480))
+    timing = {
+        "start_profile": 1e-5,
+        "gen": gen_core + float(rng.uniform(40, 80)),
+        "generate_sequences": gen_core,
+        "generation_timing/max": gen_core * 1.02,
+        "generation_timing/min": gen_core * 0.97,
+        "generation_timing/topk_ratio": 0.4,
+        "reward": float(rng.uniform(5, 12)),
+        "old_log_prob": float(rng.uniform(120, 140)),
+        "ref": float(rng.uniform(100, 120)),
+        "adv": float(rng.uniform(0.5, 1.5)),
+        "update_actor": float(rng.uniform(450, 520)),
+    }
+    if reshard_timer:
+        timing["reshard"] = float(rng.uniform(10, 20))
+    if val:
+        timing["testing"] = float(rng.uniform(60, 90))
+    timing["stop_profile"] = 1e-5
+    top_level = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "testing")
+    timing["step"] = sum(timing.get(name, 0.0) for name in top_level) + float(rng.uniform(1, 5))
+    per_seq = rng.integers(1800, 3400, size=TRAIN_TOKENS_SEQUENCES)
+    tokens = [round(float(n) * token_scale) for n in per_seq]
+    batch.meta_info["global_token_num"] = tokens
+
+    entropy = float(rng.uniform(0.3, 0.6))
+    kl_loss = float(rng.uniform(1e-4, 3e-3))
+    memory = float(rng.uniform(50, 56))
+    metrics: dict[str, float] = {
+        "actor/entropy": entropy,
+        "actor/pg_loss": float(rng.normal()),
+        "actor/pg_clipfrac": 0.0,
+        "actor/ppo_kl": 0.0,
+        "actor/kl_loss": kl_loss,
+        "actor/kl_coef": 0.001,
+        "actor/grad_norm": float(rng.uniform(0.1, 1.0)),
+        "perf/max_memory_allocated_gb": memory,
+        "perf/max_memory_reserved_gb": memory + 2.0,
+        "perf/cpu_memory_used_gb": 812.5,
+        "actor/lr": 1e-06,
+    }
+    truth = StepTruth(step, dict(timing), prompt_lengths, response_lengths, tokens, entropy, kl_loss, memory, scores)
+    if val:
+        val_metrics, truth.val_acc = _validation_metrics(verl, rng)
+        metrics.update(val_metrics)
+    metrics.update({"training/global_step": step, "training/epoch": 0})
+    metrics.update(verl.metric_utils.compute_data_metrics(batch=batch, use_critic=False))
+    metrics.update(verl.metric_utils.compute_timing_metrics(batch=batch, timing_raw=timing))
+    metrics.update(verl.metric_utils.compute_throughout_metrics(batch=batch, timing_raw=timing, n_gpus=N_GPUS))
+    return metrics, truth
+
+
+def _console_lines(verl: SimpleNamespace, metrics: dict[str, float], step: int) -> str:
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        verl.LocalLogger(print_to_console=True).log(data=metrics, step=step)
+    return buffer.getvalue()
+
+
+@contextlib.contextmanager
+def _tensorboard_dir(path: Path):
+    old = os.environ.get("TENSORBOARD_DIR")
+    os.environ["TENSORBOARD_DIR"] = str(path)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TENSORBOARD_DIR", None)
+        else:
+            os.environ["TENSORBOARD_DIR"] = old
+
+
+class RunWriter:
+    """Writes one fixture run segment by segment (a segment = one process lifetime, e.g. before a crash)."""
+
+    def __init__(self, verl: SimpleNamespace, directory: Path, seed: int, token_scale: float = 1.0) -> None:
+        self.verl = verl
+        self.directory = directory
+        self.rng = np.random.default_rng(seed)
+        self.token_scale = token_scale
+        self.run = FixtureRun(directory=directory, log_files=[], truth={})
+        directory.mkdir(parents=True, exist_ok=True)
+
+    def segment(
+        self,
+        steps: range,
+        log_name: str = "train.log",
+        tensorboard: bool = False,
+        dumps: bool = False,
+        test_freq: int = 5,
+        val_before_train_step: int | None = None,
+        resumed_from: int | None = None,
+        reshard_timer: bool = False,
+        noise: bool = True,
+    ) -> None:
+        verl = self.verl
+        text = [f"{RAY_PREFIX}Using dataset class: RLHFDataset\n"]
+        adapter = None
+        if tensorboard:
+            self.run.event_dir = self.directory / "tensorboard_log"
+            with _tensorboard_dir(self.run.event_dir), contextlib.redirect_stdout(io.StringIO()):
+                adapter = verl.TensorboardAdapter("r1_ascend", "fixture")
+        if resumed_from is not None:
+            text.append(f"{RAY_PREFIX}Load from checkpoint folder: checkpoints/global_step_{resumed_from}\n")
+            text.append(f"{RAY_PREFIX}Setting global step to {resumed_from}\n")
+        if val_before_train_step is not None:
+            val_metrics, val_truth = _validation_metrics(verl, self.rng)
+            text += [
+                RAY_PREFIX + line + "\n"
+                for line in _console_lines(verl, val_metrics, val_before_train_step).split("\n")
+                if line
+            ]
+            self.run.truth.setdefault(
+                val_before_train_step, StepTruth(val_before_train_step, {}, [], [], [], 0, 0, 0, [])
+            )
+            self.run.truth[val_before_train_step].val_acc = val_truth
+            if adapter:
+                adapter.log(data=val_metrics, step=val_before_train_step)
+        for step in steps:
+            metrics, truth = _step_metrics(
+                verl, step, self.rng, self.token_scale, val=step % test_freq == 0, reshard_timer=reshard_timer
+            )
+            self.run.truth[step] = truth
+            if noise:
+                text.append(f"Training Progress:  {step}%|█         | {step}/100 [12:0{step % 10}<...]\r")
+                text.append(WORKER_NOISE + "\n")
+            text += [RAY_PREFIX + line + "\n" for line in _console_lines(verl, metrics, step).split("\n") if line]
+            if adapter:
+                adapter.log(data=metrics, step=step)
+            if dumps:
+                self._dump(step, truth)
+        if adapter:
+            adapter.finish()
+        path = self.directory / log_name
+        with path.open("a", encoding="utf-8") as handle:
+            handle.write("".join(text))
+        if path not in self.run.log_files:
+            self.run.log_files.append(path)
+
+    def _dump(self, step: int, truth: StepTruth) -> None:
+        self.run.dump_dir = self.directory / "rollout_data"
+        n = len(truth.sequence_scores)
+        owner = SimpleNamespace(global_steps=step)
+        extra = {
+            "acc": [bool(s) for s in truth.sequence_scores],
+            "format_ok": [float(i % 2 == 0) for i in range(n)],
+        }
+        with contextlib.redirect_stdout(io.StringIO()):
+            self.verl.dump_generations(
+                owner,
+                inputs=[f"Problem {step}.{i}: what is {i} + {step}?" for i in range(n)],
+                outputs=[f"<think>add</think> The answer is \\boxed{{{i + step}}}" for i in range(n)],
+                gts=[str(i + step) for i in range(n)],
+                scores=truth.sequence_scores,
+                reward_extra_infos_dict=extra,
+                dump_path=str(self.run.dump_dir),
+            )
+
+
+@pytest.fixture
+def run_writer(verl_modules: SimpleNamespace, tmp_path: Path) -> Callable[..., RunWriter]:
+    def make(name: str = "run", seed: int = 0, token_scale: float = 1.0) -> RunWriter:
+        return RunWriter(verl_modules, tmp_path / name, seed, token_scale)
+
+    return make

@@ -1,0 +1,123 @@
+"""Every response is scored within the bound, from the main thread, a worker thread and a child process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from r1_ascend.recipe.reward import SCORE_KEYS, compute_score, compute_score_batch, warm_up
+from r1_ascend.recipe.reward.symbolic import SymbolicTimeout, SymbolicWorker
+
+BOUND_S = 1.0
+PATHOLOGICAL = [
+    ("</think>\\boxed{100000000!}", "1"),
+    ("</think>\\boxed{9^{9^{9}}}", "1"),
+    ("</think>\\boxed{2^{2^{2^{2^{2^{2}}}}}}", "4"),
+    ("</think>\\boxed{" + "9" * 100_000 + "}", "9"),
+    ("<think>" + "1+1=2. " * 15_000 + "</think>\\boxed{2}", "2"),
+    ("</think>\\boxed{" + "{" * 10_000 + "1" + "}" * 10_000 + "}", "1"),
+    ("</think>\\boxed{" + "{" * 10_000, "1"),
+    ("</think>\\boxed{" + "(" * 300 + "1" + ")" * 300 + "}", "1"),
+    ("</think>\\boxed{1\x00+1}", "2"),
+    ("</think>\\boxed{\ud800 12 \udfff}", "12"),
+    ("</think>" + "\\boxed{1} " * 5000, "1"),
+    ("</think>\\boxed{\\sum_{k=1}^{10^{9}} k^{k}}", "1"),
+    ("</think>\\boxed{" + "\\sqrt{2+" * 30 + "2" + "}" * 30 + "}", "2"),
+    ("</think>\\boxed{\\int_0^1 e^{x^{x^{x}}} dx}", "1"),
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _warm_worker() -> None:
+    warm_up()  # one-off start of the symbolic worker (about 2 s) is not part of any response's bound
+
+
+def _score_all() -> float:
+    warm_up()
+    worst = 0.0
+    for response, truth in PATHOLOGICAL:
+        start = time.monotonic()
+        result = compute_score("math", response, truth)
+        worst = max(worst, time.monotonic() - start)
+        assert tuple(result) == SCORE_KEYS
+    return worst
+
+
+def test_pathological_inputs_main_thread() -> None:
+    assert _score_all() < BOUND_S
+
+
+def test_pathological_inputs_worker_thread() -> None:
+    outcome: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            outcome["worst"] = _score_all()
+        except BaseException as error:  # surfaced below
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(timeout=60)
+    assert "error" not in outcome, outcome.get("error")
+    assert outcome["worst"] < BOUND_S
+
+
+@pytest.mark.slow
+def test_pathological_inputs_child_process() -> None:
+    code = (
+        "import json, sys\n"
+        "sys.path.insert(0, 'tests/reward')\n"
+        "from test_bounds import _score_all\n"
+        "print(json.dumps(_score_all()))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert json.loads(done.stdout.strip().splitlines()[-1]) < BOUND_S
+
+
+def test_symbolic_timeout_kills_only_the_comparison() -> None:
+    """A comparison over its bound times out; the warm worker survives and answers the next one at once."""
+    worker = SymbolicWorker()
+    try:
+        worker.start()
+        with pytest.raises(SymbolicTimeout):
+            worker.compare("\\sum_{k=1}^{n} k", "\\frac{n(n+1)}{2}", timeout_s=1e-4)
+        assert worker.restarts == 0
+        start = time.monotonic()
+        assert worker.compare("\\sum_{k=1}^{n} k^3", "\\sum_{j=1}^{n} j^3", timeout_s=0.8) is True
+        assert time.monotonic() - start < 0.8
+    finally:
+        worker.close()
+
+
+def test_unresponsive_worker_is_killed_and_replaced() -> None:
+    """If the worker process itself stops answering, the parent kills and replaces it."""
+    worker = SymbolicWorker()
+    try:
+        worker.start()
+        assert worker._process is not None
+        os.kill(worker._process.pid, signal.SIGSTOP)
+        with pytest.raises(SymbolicTimeout):
+            worker.compare("x", "x", timeout_s=0.1)
+        assert worker.restarts == 1
+        assert worker.compare("\\sum_{k=1}^{n} k^3", "\\sum_{j=1}^{n} j^3", timeout_s=30) is True
+    finally:
+        worker.close()
+
+
+def test_batch_matches_single_and_respects_bound() -> None:
+    responses = [response for response, _ in PATHOLOGICAL] + ["</think>\\boxed{\\sum_{k=0}^{n} F_k}"]
+    truths = [truth for _, truth in PATHOLOGICAL] + ["\\sum_{k=0}^{n} F_k"]
+    start = time.monotonic()
+    batch = compute_score_batch(["math"] * len(responses), responses, truths, [{}] * len(responses), num_workers=2)
+    assert time.monotonic() - start < 60  # includes the one-off start of two worker processes
+    singles = [compute_score("math", r, t) for r, t in zip(responses, truths, strict=True)]
+    assert [b["acc"] for b in batch] == [s["acc"] for s in singles]
+    assert batch[-1]["acc"] == 1.0

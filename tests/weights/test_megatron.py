@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from r1_ascend.weights import Layout, OutputExistsError, convert_hf_to_megatron
+from r1_ascend.weights.mcore_plan import build_plan
+from r1_ascend.weights.mcore_verify import megatron_to_hf, verify_megatron
+from r1_ascend.weights.source import HFCheckpoint
+
+
+@pytest.fixture(scope="module")
+def mcore_from_fp8(tiny_fp8, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Written straight from the FP8 checkpoint (dequantised on the fly) at TP2 PP2 EP2."""
+    out = tmp_path_factory.mktemp("mcore") / "ckpt"
+    convert_hf_to_megatron(tiny_fp8.path, out, Layout(tp=2, pp=2, ep=2), progress=False)
+    return out
+
+
+def test_plan_uses_every_non_mtp_tensor_once(tiny_fp8) -> None:
+    ckpt = HFCheckpoint(tiny_fp8.path)
+    plan = build_plan(ckpt.config, Layout(tp=2, pp=3, ep=4))
+    names = ckpt.names(include_mtp=False)
+    assert plan.consumed == set(names)
+    assert plan.total_numel() == sum(ckpt.entry(n).numel for n in names)
+    for t in plan.tensors:  # chunks tile each global tensor exactly
+        assert sum(torch.Size(p.sizes).numel() for p in t.pieces) == t.numel, t.key
+    fc1 = next(t for t in plan.tensors if t.key == "decoder.layers.2.mlp.experts.experts.linear_fc1.weight")
+    per_ep = ckpt.config["n_routed_experts"] // 4
+    for p in fc1.pieces:
+        expert = p.offsets[0]
+        assert p.source.startswith(f"model.layers.2.mlp.experts.{expert}.")
+        assert p.rank == Layout(tp=2, pp=3, ep=4).rank(2, expert // per_ep, p.rank % 2)
+        half = "gate_proj" if p.offsets[1] < ckpt.config["moe_intermediate_size"] else "up_proj"
+        assert half in p.source  # fc1 = [gate; up]
+
+
+def test_checkpoint_files(mcore_from_fp8: Path) -> None:
+    meta = json.loads((mcore_from_fp8 / "metadata.json").read_text())
+    assert meta["sharded_backend"] == "torch_dist"
+    assert sorted(p.name for p in mcore_from_fp8.glob("__*_0.distcp")) == [f"__{r}_0.distcp" for r in range(8)]
+    assert torch.load(mcore_from_fp8 / "common.pt", weights_only=True) == {}
+
+
+def test_loads_through_megatron_core_and_round_trips(tiny_fp8, tiny_bf16: Path, mcore_from_fp8: Path, tmp_path: Path):
+    n = verify_megatron(mcore_from_fp8, tiny_bf16, [Layout()])
+    assert n > 0
+    back = megatron_to_hf(mcore_from_fp8, HFCheckpoint(tiny_bf16).config, tmp_path / "hf")
+    original = HFCheckpoint(tiny_bf16)
+    expected = set(original.names(include_mtp=False))
+    got: dict[str, torch.Tensor] = {}
+    for shard in back.glob("*.safetensors"):
+        got.update(load_file(shard))
+    assert set(got) == expected
+    for name in expected:
+        want = original.tensor(name)
+        assert got[name].dtype == want.dtype, name
+        assert torch.equal(got[name], want), name
+
+
+@pytest.mark.slow
+def test_loads_at_another_tensor_parallel_size(tiny_bf16: Path, mcore_from_fp8: Path) -> None:
+    """Two gloo processes load their TP halves (written at TP2 PP2 EP2, loaded at TP2 EP1)."""
+    assert verify_megatron(mcore_from_fp8, tiny_bf16, [Layout(tp=2)]) > 0
+
+
+def test_corrupted_value_is_detected(tiny_bf16: Path, tmp_path: Path) -> None:
+    out = tmp_path / "ckpt"
+    convert_hf_to_megatron(tiny_bf16, out, progress=False)
+    other = tmp_path / "other"
+    import shutil
+
+    shutil.copytree(tiny_bf16, other)
+    # swap one source tensor for different data: the loaded checkpoint must no longer match
+    shard = next(p for p in other.glob("*.safetensors") if "model.norm.weight" in load_file(p))
+    tensors = load_file(shard)
+    tensors["model.norm.weight"] = tensors["model.norm.weight"] * 2
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    from r1_ascend.weights import CheckpointFormatError
+
+    with pytest.raises(CheckpointFormatError, match="final_layernorm"):
+        verify_megatron(out, other, [Layout()])
+
+
+def test_refuses_non_empty_output_and_skips_finished(tiny_bf16: Path, tmp_path: Path) -> None:
+    (tmp_path / "x").write_text("keep")
+    with pytest.raises(OutputExistsError):
+        convert_hf_to_megatron(tiny_bf16, tmp_path, progress=False)
+    out = tmp_path / "ckpt"
+    convert_hf_to_megatron(tiny_bf16, out, progress=False)
+    assert convert_hf_to_megatron(tiny_bf16, out, progress=False).skipped
