@@ -522,6 +522,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.val:
             if args.input:
                 parser.error("--val builds validation sets; give your own files as --val-set NAME=PATH, not --input")
+            training_only = [
+                flag
+                for flag, given in (
+                    ("--seed", args.seed != DEFAULT_SEED),
+                    ("--test-size", args.test_size != DEFAULT_TEST_SIZE),
+                    ("--data-source", args.data_source != DEFAULT_DATA_SOURCE),
+                )
+                if given
+            ]
+            if training_only:
+                parser.error(
+                    f"{', '.join(training_only)} only apply to training data; validation sets are written in file "
+                    "order with one data_source per set (see --val-set)"
+                )
             summary = prepare_val(
                 args.output_dir,
                 val_sets=args.val_set,

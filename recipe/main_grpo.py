@@ -9,6 +9,7 @@ driver logic is reused, not copied.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import hydra
@@ -20,6 +21,9 @@ from r1_ascend.recipe.checks import check_recipe_config
 from r1_ascend.recipe.runtime_env import add_overlay_to_config
 
 logger = logging.getLogger(__name__)
+
+#: The packaged recipe configs; ``--config-path`` overrides it.
+CONFIG_DIR = str(Path(__file__).resolve().parent / "config")
 
 
 class RecipeConfigError(ValueError):
@@ -70,7 +74,7 @@ def run(config: Any) -> None:
     run_ppo(config, task_runner_class=ray.remote(num_cpus=1)(R1AscendTaskRunner))
 
 
-@hydra.main(config_path="config", config_name=None, version_base=None)
+@hydra.main(config_path=CONFIG_DIR, config_name=None, version_base=None)
 def main(config: Any) -> None:
     run(config)
 

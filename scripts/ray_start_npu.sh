@@ -105,7 +105,8 @@ fi
 
 ray_port="${RAY_PORT:-6766}"
 ray_address="${master_addr}:${ray_port}"
-temp_dir="${RAY_TEMP_DIR:-/tmp/r1-ascend-ray-$(id -u)-${ray_port}}"
+# Ray's temp dir is set on the head only; workers use the same path (so give RAY_TEMP_DIR the same value on all nodes).
+temp_dir="${RAY_TEMP_DIR:-/tmp/r1-ascend-ray-${ray_port}}"
 export MASTER_ADDR="${master_addr}"
 # shellcheck source=scripts/npu_env.sh
 source "${repo_root}/scripts/npu_env.sh"
@@ -121,7 +122,6 @@ fi
 common_args=(
     --node-ip-address="${node_ip}"
     --resources="{\"NPU\": ${NPUS_PER_NODE}}"
-    --temp-dir="${temp_dir}"
     --disable-usage-stats
     --block
 )
@@ -154,7 +154,7 @@ if [[ "${role}" == head ]]; then
     if [[ "${RAY_DASHBOARD:-0}" == "1" ]]; then
         dashboard=(--include-dashboard=true --dashboard-host="${node_ip}" --dashboard-port="${RAY_DASHBOARD_PORT:-8260}")
     fi
-    start_ray --head --port="${ray_port}" "${dashboard[@]}"
+    start_ray --head --port="${ray_port}" --temp-dir="${temp_dir}" "${dashboard[@]}"
     log "started Ray head (pid $(cat "${pidfile}"), log ${ray_log}); waiting for ${NNODES} x ${NPUS_PER_NODE} NPUs" \
         "(timeout ${RAY_WAIT_TIMEOUT:-1800} s)"
     if ! "${python_bin}" -m r1_ascend.launch.ray_cluster wait --address "${ray_address}" --node-ip "${node_ip}" \

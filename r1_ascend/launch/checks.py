@@ -39,6 +39,7 @@ class Run:
     config: Any
     env: Mapping[str, str]
     die_bytes: float
+    full_env: Mapping[str, str] = field(default_factory=dict)
     check_patches: bool = True
     model: ModelInfo | None = None
     model_error: str | None = None
@@ -273,22 +274,15 @@ def check_batch_sizes(run: Run) -> Iterator[Finding]:
 
 
 def check_recipe(run: Run) -> Iterator[Finding]:
-    try:
-        from r1_ascend.recipe.main_grpo import check_recipe_config
-    except ImportError as exc:
-        yield Finding(
-            "recipe_config",
-            ERROR,
-            f"cannot import check_recipe_config from r1_ascend.recipe.main_grpo ({exc}); is r1-ascend installed?",
-        )
-        return
-    problems = list(check_recipe_config(run.config))
-    if problems:
-        for problem in problems:
-            yield Finding("recipe_config", ERROR, problem)
-    else:
-        mode = run.config.actor_rollout_ref.rollout.mode
-        yield Finding("recipe_config", OK, f"rollout {run.config.actor_rollout_ref.rollout.name}/{mode} as patched")
+    """The recipe entry point's own refusal rules (rollout mode, strategy, device, patch switches)."""
+    from r1_ascend.recipe.checks import check_recipe_config
+
+    problems = check_recipe_config(run.config, resolve_classes=False, environ=run.full_env)
+    for problem in problems:
+        yield Finding("recipe_config", ERROR, problem)
+    if not problems:
+        rollout = run.config.actor_rollout_ref.rollout
+        yield Finding("recipe_config", OK, f"rollout {rollout.name}/{rollout.mode} on {run.config.trainer.device}")
 
 
 def check_rollout_engine(run: Run) -> Iterator[Finding]:
@@ -296,17 +290,15 @@ def check_rollout_engine(run: Run) -> Iterator[Finding]:
         RolloutConfigError,
         ascend_scheduler_options,
         check_batched_tokens,
-        check_free_cache_engine,
         max_model_len,
     )
 
     rollout = run.config.actor_rollout_ref.rollout
     problems = []
-    for check in (check_batched_tokens, check_free_cache_engine):
-        try:
-            check(rollout)
-        except RolloutConfigError as exc:
-            problems.append(str(exc))
+    try:
+        check_batched_tokens(rollout)
+    except RolloutConfigError as exc:
+        problems.append(str(exc))
     if rollout.enforce_eager:
         problems.append(
             "actor_rollout_ref.rollout.enforce_eager=True disables TorchAir graph mode, which vllm-ascend 0.9.1 "
@@ -532,8 +524,6 @@ def check_trainer(run: Run) -> Iterator[Finding]:
     cfg = run.config
     trainer = cfg.trainer
     problems, warnings = [], []
-    if trainer.device != "npu":
-        problems.append(f"trainer.device={trainer.device}; verl 0.6.1 does not detect NPUs, set trainer.device=npu")
     if cfg.data.reward_fn_key != "data_source":
         warnings.append(f"data.reward_fn_key={cfg.data.reward_fn_key}; the shipped data sets data_source")
     reward = cfg.custom_reward_function.path
@@ -553,7 +543,7 @@ def check_trainer(run: Run) -> Iterator[Finding]:
         yield Finding(
             "trainer",
             OK,
-            f"device npu, {trainer.total_training_steps} steps, save every {trainer.save_freq}, "
+            f"{trainer.total_training_steps} steps, save every {trainer.save_freq}, "
             f"resume {trainer.resume_mode}, loggers {list(trainer.logger)}",
         )
 

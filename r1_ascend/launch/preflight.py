@@ -33,7 +33,13 @@ def run_checks(
     """Compose ``config_name`` + ``overrides`` and run every check (raises OverlayError if it cannot compose)."""
     config = compose(config_name, overrides)
     environment = dict(os.environ if env is None else env)
-    run = Run(config, {k: environment[k] for k in ENV_KEYS if k in environment}, device_memory_gb * 1e9, check_patches)
+    run = Run(
+        config,
+        {k: environment[k] for k in ENV_KEYS if k in environment},
+        device_memory_gb * 1e9,
+        full_env=environment,
+        check_patches=check_patches,
+    )
     prepare(run)
     findings: list[Finding] = []
     for check in CHECKS:

@@ -21,7 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.filesystem import FileSystemWriter, _StoragePrefix
+from torch.distributed.checkpoint.filesystem import (
+    FileSystemWriter,
+    SerializationFormat,
+    _StorageWriterTransforms,
+)
+from torch.distributed.checkpoint.filesystem import (
+    _write_item as dcp_write_item,
+)
 from torch.distributed.checkpoint.metadata import (
     BytesStorageMetadata,
     ChunkStorageMetadata,
@@ -30,7 +37,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorProperties,
     TensorStorageMetadata,
 )
-from torch.distributed.checkpoint.planner import SavePlan, TensorWriteData, WriteItem, WriteItemType
+from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
 
 from r1_ascend.weights.errors import CheckpointFormatError
 from r1_ascend.weights.mcore_plan import DistTensor, Layout, MegatronPlan, Piece, build_plan, empty_extra_state
@@ -120,6 +127,27 @@ def _rank_items(plan: MegatronPlan) -> dict[int, list[WriteItem]]:
     return out
 
 
+def write_rank_file(dst: Path, rank: int, items: list[WriteItem], resolver: _LazyResolver) -> list[Any]:
+    """One ``__{rank}_0.distcp`` in DCP's byte format (``torch.save`` per item, offsets in the metadata).
+
+    DCP's ``FileSystemWriter.write_data`` keeps a reference to every tensor it wrote until the file is closed,
+    which would hold a whole rank in memory; this loop writes the same records with torch's own item writer
+    and drops each tensor as soon as it is on disk.
+    """
+    name = f"__{rank}_0.distcp"
+    transforms = _StorageWriterTransforms(None)
+    results = []
+    with (dst / name).open("wb") as stream:
+        for item in items:
+            data = resolver.resolve_data(item)
+            results.append(dcp_write_item(transforms, stream, data, item, name, SerializationFormat.TORCH_SAVE))
+            del data
+        stream.flush()
+        os.fsync(stream.fileno())
+    resolver._cached = None
+    return results
+
+
 def _write_ranks(src: str, dst: str, layout: Layout, extra_state: bool, ranks: list[int], queue: Any) -> list[Any]:
     """Worker: write the files of ``ranks``; returns DCP WriteResults for the metadata."""
     ckpt = HFCheckpoint(src)
@@ -130,11 +158,7 @@ def _write_ranks(src: str, dst: str, layout: Layout, extra_state: bool, ranks: l
     resolver = _LazyResolver(ckpt, pieces, report)
     results: list[Any] = []
     for rank in ranks:
-        writer = FileSystemWriter(dst, single_file_per_rank=True, sync_files=True, thread_count=1)
-        writer.set_up_storage_writer(True)
-        save_plan = SavePlan(items[rank], storage_data=_StoragePrefix(f"__{rank}_"))
-        results.extend(writer.write_data(save_plan, resolver).value())  # type: ignore[arg-type]
-        resolver._cached = None
+        results.extend(write_rank_file(Path(dst), rank, items[rank], resolver))
     return results
 
 
@@ -200,11 +224,7 @@ def convert_hf_to_megatron(
         resolver = _LazyResolver(ckpt, ckpt_pieces, bar.add)
         results = []
         for rank in ranks:
-            writer = FileSystemWriter(str(dst), single_file_per_rank=True, sync_files=True, thread_count=1)
-            writer.set_up_storage_writer(True)
-            save_plan = SavePlan(items[rank], storage_data=_StoragePrefix(f"__{rank}_"))
-            results.extend(writer.write_data(save_plan, resolver).value())  # type: ignore[arg-type]
-            resolver._cached = None
+            results.extend(write_rank_file(dst, rank, items[rank], resolver))
     else:
         results = _write_parallel(str(src), str(dst), layout, extra_state, plan, ranks, workers, bar)
     finisher = FileSystemWriter(str(dst), single_file_per_rank=True, sync_files=True)

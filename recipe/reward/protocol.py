@@ -35,6 +35,7 @@ BAD_THINK_OPEN = "bad_think_open"
 NO_BOX = "no_box"
 EMPTY_BOX = "empty_box"
 UNBALANCED_BOX = "unbalanced_box"
+BOX_TOO_LONG = "box_too_long"  # a box whose content exceeds MAX_BOX_CHARS (never a plausible final answer)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +66,7 @@ def find_boxes(text: str) -> tuple[list[str], str]:
         if index < len(text) and text[index] == "{":
             close = _matching_brace(text, index)
             if close < 0:
-                problem = problem or UNBALANCED_BOX
+                problem = problem or (BOX_TOO_LONG if close == _TOO_LONG else UNBALANCED_BOX)
                 break
             content = text[index + 1 : close].strip()
             position = close + 1
@@ -82,8 +83,15 @@ def find_boxes(text: str) -> tuple[list[str], str]:
     return answers, problem
 
 
+_UNBALANCED = -1
+_TOO_LONG = -2
+
+
 def _matching_brace(text: str, open_index: int) -> int:
-    """Index of the brace closing ``text[open_index]`` (iterative, bounded by MAX_BOX_CHARS), or -1."""
+    """Index of the brace closing ``text[open_index]`` (iterative, bounded by MAX_BOX_CHARS).
+
+    ``_UNBALANCED`` when the text ends first, ``_TOO_LONG`` when the content would exceed MAX_BOX_CHARS.
+    """
     depth = 0
     limit = min(len(text), open_index + MAX_BOX_CHARS + 2)
     for index in range(open_index, limit):
@@ -96,7 +104,7 @@ def _matching_brace(text: str, open_index: int) -> int:
             depth -= 1
             if depth == 0:
                 return index
-    return -1
+    return _TOO_LONG if limit < len(text) else _UNBALANCED
 
 
 def _distinct(answers: list[str]) -> tuple[str, ...]:

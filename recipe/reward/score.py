@@ -34,6 +34,7 @@ FAIL_REASONS = (
     protocol.NO_BOX,
     protocol.EMPTY_BOX,
     protocol.UNBALANCED_BOX,
+    protocol.BOX_TOO_LONG,
     CONFLICTING_BOXES,
     WRONG_ANSWER,
     TIMEOUT,

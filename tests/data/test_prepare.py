@@ -326,3 +326,17 @@ def test_cli_reports_broken_array_and_exits_1(write_json, tmp_path: Path, capsys
     assert prep.main(["--input", str(path), "--output-dir", str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err
     assert "line 1, column 34 (character offset 33): expected ',' or ']' after element 0" in err
+
+
+@pytest.mark.parametrize("flag", [["--seed", "7"], ["--test-size", "10"], ["--data-source", "mine"]])
+def test_val_mode_rejects_training_only_options(
+    tmp_path: Path, flag: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Options that --val would ignore are an error, not silently dropped."""
+    from r1_ascend.data.prepare import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["--val", "--output-dir", str(tmp_path / "val"), *flag])
+    assert info.value.code == 2
+    assert f"{flag[0]} only apply to training data" in capsys.readouterr().err
+    assert not (tmp_path / "val").exists()

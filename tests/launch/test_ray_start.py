@@ -8,11 +8,13 @@ which would stop every Ray on the machine.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -35,7 +37,7 @@ def _free_port() -> int:
 @pytest.fixture
 def cluster_env(tmp_path):
     tag = uuid.uuid4().hex[:8]
-    temp_dirs = {"head": f"/tmp/r1rt-{tag}-h", "worker": f"/tmp/r1rt-{tag}-w"}
+    temp_dirs = {"head": f"/tmp/r1rt-{tag}", "worker": f"/tmp/r1rt-{tag}"}  # workers use the head's temp dir
     marker = tmp_path / "launched.txt"
     launch = tmp_path / "launch.sh"
     launch.write_text(f'#!/usr/bin/env bash\necho "$VLLM_DP_SIZE $MASTER_ADDR" > {marker}\n')
@@ -76,11 +78,19 @@ def cluster_env(tmp_path):
     for temp in temp_dirs.values():
         left = _pids_under(temp)
         for pid in left:  # only processes under this test's private temp dirs
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
         subprocess.run(["rm", "-rf", temp], check=False)
+
+
+def _wait_for_text(path: Path, text: str, process: subprocess.Popen, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.is_file() and text in path.read_text(errors="replace"):
+            return
+        assert process.poll() is None, f"head exited early: {process.stdout.read() if process.stdout else ''}"
+        time.sleep(0.5)
+    pytest.fail(f"{text!r} not in {path} after {timeout} s")
 
 
 def _pids_under(temp_dir: str) -> list[int]:
@@ -132,31 +142,36 @@ def _is_loopback_or_wildcard(addr: str) -> bool:
 def test_head_waits_for_all_npus_then_launches(cluster_env):
     envs, marker, temp_dirs = cluster_env
     head = subprocess.Popen(["bash", str(SCRIPT)], env=envs["head"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # Both "nodes" share this host and Ray's session directory: let the head finish starting before the worker joins
+    # (on a real cluster the nodes are separate hosts and may start in any order; the worker retries).
+    _wait_for_text(Path(envs["head"]["R1_ASCEND_RUN_DIR"]) / f"ray-head-{HEAD_IP}.log", "Ray runtime started", head)
     worker = subprocess.run(["bash", str(SCRIPT)], env=envs["worker"], capture_output=True, text=True, timeout=120)
     assert worker.returncode == 0, worker.stdout + worker.stderr
     assert "joined the Ray cluster" in worker.stdout
     out, _ = head.communicate(timeout=120)
     text = out.decode()
     assert head.returncode == 0, text
-    assert "role head" in text and "role worker" in worker.stdout
+    assert "role head" in text
+    assert "role worker" in worker.stdout
     assert f"{HEAD_IP} (16 NPU), {WORKER_IP} (16 NPU)" in text  # both nodes seen through ray.nodes()
     assert marker.read_text().split() == ["16", HEAD_IP]  # VLLM_DP_SIZE = 2 x 16 / 2, exported to the launch
 
     pids = [p for temp in temp_dirs.values() for p in _pids_under(temp)]
     assert pids, "no Ray processes found under the test's temp dirs"
     sockets = _tcp_sockets(set().union(*(_socket_inodes(p) for p in pids)))
-    listening = [(local) for state, local, _ in sockets if state == "0A"]
+    listening = [local for state, local, _ in sockets if state == "0A"]
     assert listening
     # Ray 2.46 binds its gRPC servers to the wildcard address (fixed upstream in ray-project/ray#55484); nothing
     # may be bound to a specific non-loopback address, and no connection may leave loopback.
     assert all(_is_loopback_or_wildcard(addr) for addr in listening), listening
     connected = [(local, remote) for state, local, remote in sockets if state == "01"]
-    assert all(ipaddress.ip_address(r).is_loopback or ipaddress.ip_address(r).is_unspecified for _, r in connected)
+    assert all(_is_loopback_or_wildcard(remote) for _, remote in connected), connected
 
     stop = subprocess.run(["bash", str(SCRIPT), "stop"], env=envs["head"], capture_output=True, text=True, timeout=90)
     assert stop.returncode == 0, stop.stderr
     for temp in temp_dirs.values():
         assert _pids_under(temp) == [], f"Ray processes left under {temp}"
+    assert not list(Path(envs["head"]["R1_ASCEND_RUN_DIR"]).glob("*.pid"))
 
 
 def test_head_times_out_naming_the_missing_node(cluster_env):

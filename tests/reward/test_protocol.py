@@ -24,6 +24,7 @@ from r1_ascend.recipe.reward import SCORE_KEYS, compute_score, extract_answer, g
         ("<think>a</think>\\boxed{4} no wait \\boxed{3}", "4", 0.0, "conflicting_boxes"),
         ("<think>a</think>\\boxed{5}", "4", 0.0, "wrong_answer"),
         ("<think>a</think>\\boxed{4", "4", 0.0, "unbalanced_box"),
+        ("<think>a</think>\\boxed{" + "1" * 2100 + "}", "4", 0.0, "box_too_long"),
         ("<think>a</think>\\boxed{4}", "", 0.0, "no_ground_truth"),
     ],
 )

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The first command to run: `bash scripts/quickstart.sh`.
+#
+# On an Ascend node (/dev/davinci* present) it is the launch: it runs scripts/ray_start_npu.sh with your environment
+# (NNODES, MASTER_ADDR, SOCKET_IFNAME, MODEL_PATH, DIST_CKPT_DIR, DATA_DIR; docs/launch.md) on this node.
+# On a machine without NPUs it runs the whole chain end to end on the shipped sample and a tiny model: CPU
+# environment (.venv, idempotent), data preparation, synthetic checkpoint + conversion, preflight of the smoke
+# configuration, and prints the exact launch command. Outputs go to QUICKSTART_DIR (default outputs/quickstart).
+set -euo pipefail
+
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "${repo_root}"
+start=$(date +%s)
+
+if compgen -G "/dev/davinci[0-9]*" >/dev/null && [[ "${R1_ASCEND_QUICKSTART_CPU:-0}" != "1" ]]; then
+    echo "quickstart: Ascend NPUs found: starting the run on this node (scripts/ray_start_npu.sh)"
+    exec bash scripts/ray_start_npu.sh "$@"
+fi
+
+echo "quickstart: no NPU on this machine: end-to-end check on the CPU with the shipped sample and a tiny model"
+echo "quickstart: [setup] CPU environment (scripts/setup_cpu_env.sh)"
+bash scripts/setup_cpu_env.sh
+venv="${VENV:-.venv}"
+"${venv}/bin/python" -m r1_ascend.cli quickstart --output-dir "${QUICKSTART_DIR:-outputs/quickstart}" "$@"
+echo "quickstart: total $(( $(date +%s) - start )) s"

@@ -1,0 +1,79 @@
+"""Shared fixtures: a complete, valid input set for the smoke configuration (model dir, dist checkpoint, data)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+
+import pytest
+
+from r1_ascend.launch.smoke_model import SMOKE_STRUCTURE
+
+SMOKE_ENV = {"NNODES": "1", "NPUS_PER_NODE": "16"}
+
+
+def smoke_model_config(**overrides):
+    from r1_ascend.weights.tiny import deepseek_v3_config
+
+    config = deepseek_v3_config(**SMOKE_STRUCTURE, num_nextn_predict_layers=0)
+    config.pop("quantization_config")
+    config.update(overrides)
+    return config
+
+
+def write_model(path: Path, config: dict) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config))
+    (path / "tokenizer.json").write_text("{}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def model_factory():
+    """``make(path, **config_overrides) -> Path``: an HF model directory with the smoke config (+ overrides)."""
+
+    def make(path: Path, **overrides) -> Path:
+        return write_model(path, smoke_model_config(**overrides))
+
+    return make
+
+
+@dataclass(frozen=True)
+class SmokeInputs:
+    model: Path
+    ckpt: Path
+    data: Path
+
+    def overrides(self, **paths: str) -> list[str]:
+        model = paths.get("model", str(self.model))
+        ckpt = paths.get("ckpt", str(self.ckpt))
+        train = paths.get("train", str(self.data / "train.parquet"))
+        val = paths.get("val", str(self.data / "val.parquet"))
+        return [
+            f"actor_rollout_ref.model.path={model}",
+            f"actor_rollout_ref.actor.megatron.dist_checkpointing_path={ckpt}",
+            f"data.train_files={train}",
+            f"data.val_files={val}",
+        ]
+
+
+@pytest.fixture(scope="session")
+def smoke_inputs(tmp_path_factory) -> SmokeInputs:
+    from r1_ascend.data.prepare import prepare, prepare_val
+
+    root = tmp_path_factory.mktemp("smoke")
+    model = write_model(root / "model", smoke_model_config())
+    ckpt = root / "mcore"
+    ckpt.mkdir()
+    # The file set of a Megatron torch_dist checkpoint (preflight checks presence and metadata, not tensors;
+    # the quickstart test converts a real one).
+    (ckpt / "metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist", "sharded_backend_version": 1}))
+    (ckpt / ".metadata").write_bytes(b"\x80")
+    (ckpt / "common.pt").write_bytes(b"\x80")
+    (ckpt / "__0_0.distcp").write_bytes(b"\x80")
+    sample = Path(str(files("r1_ascend.data").joinpath("sample", "deepscaler_sample.json")))
+    prepare([sample], root / "data")
+    prepare_val(root / "data")
+    return SmokeInputs(model, ckpt, root / "data")
