@@ -11,7 +11,7 @@ import os
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from r1_ascend.testing import npu_stub  # noqa: E402
+from r1_ascend.testing import npu_stub
 
 npu_stub.install()
 

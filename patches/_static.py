@@ -66,16 +66,24 @@ def _resolve_relative(module: str, node: ast.ImportFrom, *, is_package: bool) ->
     return ".".join([*base, node.module] if node.module else base)
 
 
-def _find(body: list[ast.stmt], name: str) -> ast.AST | None:
-    found: ast.AST | None = None
+def _binds(node: ast.stmt, name: str) -> bool:
+    """Whether a module- or class-level statement binds ``name``."""
+    if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+        return node.name == name
+    if isinstance(node, ast.Assign):
+        return any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
+    if isinstance(node, ast.AnnAssign):
+        return isinstance(node.target, ast.Name) and node.target.id == name
+    if isinstance(node, ast.ImportFrom):
+        return any((alias.asname or alias.name) == name for alias in node.names)
+    return False
+
+
+def _find(body: list[ast.stmt], name: str) -> ast.stmt | None:
+    """The last top-level statement of ``body`` binding ``name`` (the binding in force after import)."""
+    found = None
     for node in body:
-        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
-            found = node
-        elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
-            found = node
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
-            found = node
-        elif isinstance(node, ast.ImportFrom) and any((a.asname or a.name) == name for a in node.names):
+        if _binds(node, name):
             found = node
     return found
 

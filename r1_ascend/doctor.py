@@ -14,8 +14,13 @@ import platform
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from r1_ascend.stack import check_installed, installed_version, pins
+
+if TYPE_CHECKING:
+    from r1_ascend.patches import Target
+    from r1_ascend.patches._static import StaticResult
 
 _CANN_VERSION_FILES = (
     "/usr/local/Ascend/ascend-toolkit/latest/version.cfg",
@@ -111,11 +116,8 @@ def patch_rows(*, deep: bool) -> list[Row]:
             if not result.ok:
                 problems.append(f"{target.path}: {result.detail}")
         verdict = "FAIL" if problems else "ok"
-        found = (
-            "; ".join(problems)
-            if problems
-            else ("applicable (" + "; ".join(d.split(": ", 1)[1] for d in details) + ")")
-        )
+        checked = sorted({d.split(": ", 1)[1] for d in details})
+        found = "; ".join(problems) if problems else f"applicable ({len(details)} target(s): {', '.join(checked)})"
         rows.append(Row(spec.name, ", ".join(f"{d}=={v}" for d, v in spec.requires.items()), found, verdict))
     return rows
 
@@ -127,12 +129,11 @@ def _prepare_deep_imports() -> None:
         npu_stub.install()
 
 
-def _deep_check(patch: str, target: object):  # noqa: ANN202 - returns a StaticResult-shaped value
+def _deep_check(patch: str, target: Target) -> StaticResult:
     from r1_ascend.patches import PatchError
     from r1_ascend.patches._static import StaticResult
-    from r1_ascend.patches._target import Target, check_signature, read_target
+    from r1_ascend.patches._target import check_signature, read_target
 
-    assert isinstance(target, Target)
     try:
         value = read_target(target, patch=patch)
         if not target.is_dict_entry:

@@ -243,9 +243,8 @@ def test_missing_reward_file_is_reported(smoke_inputs):
 def test_memory_over_the_die_is_reported(smoke_inputs, tmp_path, model_factory):
     from r1_ascend.launch.smoke_model import DEEPSEEK_V3_DIMS
 
-    model = write_model(
-        tmp_path / "dsv3",
-        smoke_model_config(**DEEPSEEK_V3_DIMS, num_hidden_layers=61, first_k_dense_replace=3, n_routed_experts=256),
+    model = model_factory(
+        tmp_path / "dsv3", **DEEPSEEK_V3_DIMS, num_hidden_layers=61, first_k_dense_replace=3, n_routed_experts=256
     )
     mega = "actor_rollout_ref.actor.megatron"
     env = {"NNODES": "16", "NPUS_PER_NODE": "16"}

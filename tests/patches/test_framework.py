@@ -25,7 +25,7 @@ from r1_ascend.stack import installed_version
 FAKE = "r1_ascend_fake_upstream"
 
 
-def _original_greet(self, name):  # noqa: ANN001, ANN202 - shape of an upstream method
+def _original_greet(self, name):
     return f"hello {name}"
 
 
@@ -46,8 +46,8 @@ def _greet_target(**kw: object) -> Target:
     return Target(FAKE, "Greeter.greet", "verl", params=("self", "name"), **kw)  # type: ignore[arg-type]
 
 
-def _shout(original):  # noqa: ANN001, ANN202
-    def greet(self, name):  # noqa: ANN001, ANN202
+def _shout(original):
+    def greet(self, name):
         return original(self, name).upper()
 
     return greet
