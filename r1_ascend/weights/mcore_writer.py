@@ -10,6 +10,7 @@ looks like a checkpoint.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import multiprocessing as mp
@@ -21,14 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.filesystem import (
-    FileSystemWriter,
-    SerializationFormat,
-    _StorageWriterTransforms,
-)
-from torch.distributed.checkpoint.filesystem import (
-    _write_item as dcp_write_item,
-)
+from torch.distributed.checkpoint.filesystem import FileSystemWriter
+from torch.distributed.checkpoint.filesystem import _write_item as dcp_write_item
 from torch.distributed.checkpoint.metadata import (
     BytesStorageMetadata,
     ChunkStorageMetadata,
@@ -127,6 +122,30 @@ def _rank_items(plan: MegatronPlan) -> dict[int, list[WriteItem]]:
     return out
 
 
+def _item_writer() -> Any:
+    """``(stream, data, item, storage_key) -> WriteResult`` over torch's private DCP item writer.
+
+    Its signature changed between the torch on the NPU image (2.5.1: ``(stream, data, write_item, storage_key)``)
+    and newer releases (``(transforms, stream, data, write_item, storage_key, serialization_format)``); both
+    write the same ``torch.save`` record, so pick the call by signature and fail loudly on anything else.
+    """
+    params = list(inspect.signature(dcp_write_item).parameters)
+    if params == ["stream", "data", "write_item", "storage_key"]:
+        return dcp_write_item
+    if params == ["transforms", "stream", "data", "write_item", "storage_key", "serialization_format"]:
+        from torch.distributed.checkpoint.filesystem import SerializationFormat, _StorageWriterTransforms
+
+        transforms = _StorageWriterTransforms(None)
+        return lambda stream, data, item, key: dcp_write_item(
+            transforms, stream, data, item, key, SerializationFormat.TORCH_SAVE
+        )
+    msg = (
+        f"torch {torch.__version__}: torch.distributed.checkpoint.filesystem._write_item has parameters {params}, "
+        "which the Megatron checkpoint writer does not know; use torch 2.5.1 (the NPU image) or 2.13.0 (CPU tests)"
+    )
+    raise CheckpointFormatError(msg)
+
+
 def write_rank_file(dst: Path, rank: int, items: list[WriteItem], resolver: _LazyResolver) -> list[Any]:
     """One ``__{rank}_0.distcp`` in DCP's byte format (``torch.save`` per item, offsets in the metadata).
 
@@ -135,12 +154,12 @@ def write_rank_file(dst: Path, rank: int, items: list[WriteItem], resolver: _Laz
     and drops each tensor as soon as it is on disk.
     """
     name = f"__{rank}_0.distcp"
-    transforms = _StorageWriterTransforms(None)
+    write_one = _item_writer()
     results = []
     with (dst / name).open("wb") as stream:
         for item in items:
             data = resolver.resolve_data(item)
-            results.append(dcp_write_item(transforms, stream, data, item, name, SerializationFormat.TORCH_SAVE))
+            results.append(write_one(stream, data, item, name))
             del data
         stream.flush()
         os.fsync(stream.fileno())

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from hydra.errors import InstantiationException
 
 from r1_ascend.launch.overlays import (
     DEFAULT_OVERLAY,
@@ -51,7 +52,7 @@ def test_overlay_passes_verl_dataclass_and_config_validation(name):
     actor = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
     rollout = omega_conf_to_dataclass(config.actor_rollout_ref.rollout)
     omega_conf_to_dataclass(config.actor_rollout_ref.actor.megatron)
-    omega_conf_to_dataclass(config.actor_rollout_ref.ref.megatron)
+    # (ref.megatron names verl.workers.config.MegatronEngineConfig, which verl 0.6.1 lacks: verl never converts it)
     omega_conf_to_dataclass(config.algorithm)
     assert actor.strategy == "megatron"
     assert rollout.mode == "sync"
@@ -62,7 +63,7 @@ def test_bad_value_is_caught_by_verl_validation():
     from verl.utils.config import omega_conf_to_dataclass
 
     config = compose_overlay(DEFAULT_OVERLAY, ["actor_rollout_ref.rollout.expert_parallel_size=256"])
-    with pytest.raises(AssertionError, match="expert_parallel_size"):
+    with pytest.raises((AssertionError, InstantiationException), match="expert_parallel_size"):
         omega_conf_to_dataclass(config.actor_rollout_ref.rollout)
 
 
@@ -111,20 +112,13 @@ def test_671b_settings():
 def test_smoke_differs_from_671b_only_where_documented():
     from omegaconf import OmegaConf
 
-    def flat(name):
-        return dict(flatten(OmegaConf.to_container(compose_overlay(name), resolve=True)))
+    def flat(name):  # unresolved: interpolations (ref layout, critic, reward model) compare as written
+        return dict(flatten(OmegaConf.to_container(compose_overlay(name), resolve=False)))
 
     big, smoke = flat(DEFAULT_OVERLAY), flat(SMOKE_OVERLAY)
     changed = {k for k in big.keys() | smoke.keys() if big.get(k, "<absent>") != smoke.get(k, "<absent>")}
-    undocumented = {k for k in changed if k not in SMOKE_DIFFERENCES and not k.startswith("actor_rollout_ref.ref.")}
-    ref_changes = {k for k in changed if k.startswith("actor_rollout_ref.ref.")}
-    assert undocumented == set()
-    # the reference model follows the actor's layout through interpolation
-    assert ref_changes <= {
-        "actor_rollout_ref.ref.megatron.pipeline_model_parallel_size",
-        "actor_rollout_ref.ref.megatron.expert_model_parallel_size",
-        *(f"actor_rollout_ref.ref.megatron.override_transformer_config.{k.rsplit('.', 1)[1]}" for k in changed),
-    }
+    assert changed - SMOKE_DIFFERENCES == set()
+    assert "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size" in changed  # the comparison is live
 
 
 def test_extension_keys_are_documented():

@@ -95,3 +95,23 @@ def test_refuses_non_empty_output_and_skips_finished(tiny_bf16: Path, tmp_path: 
     out = tmp_path / "ckpt"
     convert_hf_to_megatron(tiny_bf16, out, progress=False)
     assert convert_hf_to_megatron(tiny_bf16, out, progress=False).skipped
+
+
+def test_item_writer_supports_the_torch_signature_of_the_npu_image(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch 2.5.1 (the NPU image) has the four-argument DCP item writer; the converter must accept it."""
+    from r1_ascend.weights import mcore_writer
+    from r1_ascend.weights.errors import CheckpointFormatError
+
+    calls = []
+
+    def old_style(stream, data, write_item, storage_key):
+        calls.append(storage_key)
+        return "result"
+
+    monkeypatch.setattr(mcore_writer, "dcp_write_item", old_style)
+    assert mcore_writer._item_writer()(None, None, None, "__0_0.distcp") == "result"
+    assert calls == ["__0_0.distcp"]
+
+    monkeypatch.setattr(mcore_writer, "dcp_write_item", lambda stream, data: None)
+    with pytest.raises(CheckpointFormatError, match="does not know"):
+        mcore_writer._item_writer()
