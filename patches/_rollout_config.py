@@ -61,3 +61,65 @@ def check_batched_tokens(config: Any) -> None:
 def stock_length_check_would_fail(config: Any) -> bool:
     """Whether stock verl 0.6.1 ``vLLMRollout.__init__`` would reject this config (see ``check_batched_tokens``)."""
     return int(config.max_num_batched_tokens) < max_model_len(config) and bool(config.enable_chunked_prefill)
+
+
+def vllm_engine_kwargs(config: Any) -> Mapping[str, Any]:
+    """``engine_kwargs.vllm`` (empty when not set): the keyword arguments verl passes through to ``LLM()``."""
+    engine_kwargs = config.engine_kwargs or {}
+    return engine_kwargs.get("vllm") or {}
+
+
+def check_engine_options(config: Any, *, model_type: str, is_moe: bool, dp_size: int) -> list[str]:
+    """Engine options vllm-ascend 0.9.1 needs for this model and layout; one message per problem.
+
+    Mirrors ``vllm_ascend.ascend_config.check_ascend_config`` (which raises deep inside engine construction) and
+    the needs of the ``vllm_dp_ep_groups`` patch:
+    - DeepSeek models without ``enforce_eager`` must use TorchAir graph mode (ACL graph raises for DeepSeek);
+      TorchAir graph mode is only for DeepSeek models and cannot be combined with ``enforce_eager``;
+    - with DP > 1, MoE experts must be sharded over all ranks (``enable_expert_parallel``), and
+      ``additional_config.refresh`` must be true: building the DP/EP groups before ``LLM()`` initialises
+      vllm-ascend's global ``AscendConfig`` with defaults, which ``LLM()`` would otherwise keep (silently ignoring
+      the TorchAir and scheduler settings).
+    """
+    kwargs = vllm_engine_kwargs(config)
+    additional = kwargs.get("additional_config") or {}
+    torchair = additional.get("torchair_graph_config") or {}
+    graph = bool(torchair.get("enabled", False))
+    deepseek = "deepseek" in model_type
+    prefix = "actor_rollout_ref.rollout.engine_kwargs.vllm"
+    problems = []
+    if config.enforce_eager and graph:
+        problems.append(
+            f"{prefix}.additional_config.torchair_graph_config.enabled=true with enforce_eager=True: vllm-ascend 0.9.1 "
+            "refuses graph mode in eager mode; set actor_rollout_ref.rollout.enforce_eager=False"
+        )
+    if not config.enforce_eager and deepseek and not graph:
+        problems.append(
+            f"model_type {model_type!r} without TorchAir graph mode: vllm-ascend 0.9.1 raises 'ACL Graph does not "
+            f"support deepseek'; set {prefix}.additional_config.torchair_graph_config.enabled=true"
+        )
+    if graph and not deepseek:
+        problems.append(
+            f"TorchAir graph mode is only supported for DeepSeek models in vllm-ascend 0.9.1 (model_type "
+            f"{model_type!r}); remove {prefix}.additional_config.torchair_graph_config"
+        )
+    if graph:
+        sizes = list(torchair.get("graph_batch_sizes") or [])
+        if sizes and int(config.max_num_seqs) not in sizes:
+            problems.append(
+                f"torchair_graph_config.graph_batch_sizes {sizes} does not contain max_num_seqs "
+                f"({config.max_num_seqs}): full decode batches would fall outside every captured graph; add it"
+            )
+    if dp_size > 1:
+        if is_moe and not kwargs.get("enable_expert_parallel", False):
+            problems.append(
+                f"rollout DP size {dp_size} with a MoE model but {prefix}.enable_expert_parallel is not true: every DP "
+                "rank would hold all experts; set it to true (EP = all rollout ranks)"
+            )
+        if not additional.get("refresh", False):
+            problems.append(
+                f"rollout DP size {dp_size} but {prefix}.additional_config.refresh is not true: the DP/EP groups are "
+                "built before LLM(), which leaves vllm-ascend's AscendConfig at its defaults unless refreshed; set "
+                "refresh: true"
+            )
+    return problems

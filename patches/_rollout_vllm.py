@@ -26,7 +26,13 @@ from verl.utils.memory_utils import aggressive_empty_cache
 from verl.workers.rollout.vllm_rollout.vllm_rollout_spmd import vLLMRollout
 
 from . import _rollout_memory as memory
-from ._rollout_config import check_batched_tokens, check_free_cache_engine, stock_length_check_would_fail
+from ._rollout_config import (
+    RolloutConfigError,
+    check_batched_tokens,
+    check_engine_options,
+    check_free_cache_engine,
+    stock_length_check_would_fail,
+)
 from .vllm_engine_kv_cache_configs import check_block_counts, saved_kv_cache_configs
 
 logger = logging.getLogger(__name__)
@@ -97,6 +103,7 @@ class NPUOffloadVLLMRollout(vLLMRollout):
         rollout_config = omega_conf_to_dataclass(config)
         check_free_cache_engine(rollout_config)
         check_batched_tokens(rollout_config)
+        _check_engine_options_for(rollout_config, model_config)
         # Stock __init__ passes enable_sleep_mode=config.free_cache_engine to LLM(); hand it a copy with sleep mode off
         # (and, when needed, past its inverted chunked-prefill check: V1 forces chunked prefill on regardless).
         overrides: dict[str, Any] = {"free_cache_engine": False}
@@ -246,3 +253,19 @@ class NPUOffloadVLLMRollout(vLLMRollout):
     def generate_sequences(self, prompts: Any, **kwargs: Any) -> Any:
         self.verify_weights_loaded()
         return super().generate_sequences(prompts, **kwargs)
+
+
+def _check_engine_options_for(rollout_config: Any, model_config: Any) -> None:
+    """Refuse engine options vllm-ascend would reject (or silently ignore) for this model and DP layout."""
+    import torch.distributed as dist
+
+    hf_config = model_config.hf_config
+    experts = getattr(hf_config, "n_routed_experts", None) or getattr(hf_config, "num_experts", None) or 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    dp_size = max(world // int(rollout_config.tensor_model_parallel_size), 1)
+    problems = check_engine_options(
+        rollout_config, model_type=str(getattr(hf_config, "model_type", "")), is_moe=experts > 0, dp_size=dp_size
+    )
+    if problems:
+        msg = "rollout engine options cannot work on vllm-ascend 0.9.1: " + "; ".join(problems)
+        raise RolloutConfigError(msg)

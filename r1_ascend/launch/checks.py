@@ -290,6 +290,7 @@ def check_rollout_engine(run: Run) -> Iterator[Finding]:
         RolloutConfigError,
         ascend_scheduler_options,
         check_batched_tokens,
+        check_engine_options,
         max_model_len,
     )
 
@@ -299,10 +300,10 @@ def check_rollout_engine(run: Run) -> Iterator[Finding]:
         check_batched_tokens(rollout)
     except RolloutConfigError as exc:
         problems.append(str(exc))
-    if rollout.enforce_eager:
-        problems.append(
-            "actor_rollout_ref.rollout.enforce_eager=True disables TorchAir graph mode, which vllm-ascend 0.9.1 "
-            "rejects together with graph_batch_sizes; set enforce_eager=False"
+    if run.model is not None:
+        dp_size = run.rollout.dp if run.rollout is not None else 1
+        problems += check_engine_options(
+            rollout, model_type=run.model.model_type, is_moe=run.model.is_moe, dp_size=dp_size
         )
     if not str(rollout.load_format).startswith("dummy"):
         problems.append(

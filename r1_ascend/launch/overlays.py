@@ -46,6 +46,27 @@ EXTENSION_KEYS: Mapping[str, str] = {
     "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.ascend_scheduler_config.enable_chunked_prefill": (
         "vllm-ascend: chunked prefill under the Ascend scheduler"
     ),
+    "actor_rollout_ref.rollout.engine_kwargs.vllm.enable_expert_parallel": (
+        "vLLM: shard MoE experts over all rollout ranks (EP = DP x TP) instead of replicating them per DP rank"
+    ),
+    "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.refresh": (
+        "vllm-ascend: rebuild the global AscendConfig from this additional_config (the DP/EP patch created a default)"
+    ),
+    "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.torchair_graph_config.enabled": (
+        "vllm-ascend: TorchAir graph mode (required for DeepSeek unless enforce_eager)"
+    ),
+    "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.torchair_graph_config.use_cached_graph": (
+        "vllm-ascend: reuse graphs cached on disk (off: the rollout weights are re-allocated every step)"
+    ),
+    "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.torchair_graph_config.graph_batch_sizes_init": (
+        "vllm-ascend: derive graph batch sizes automatically (off: graph_batch_sizes is given)"
+    ),
+    "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.torchair_graph_config.graph_batch_sizes": (
+        "vllm-ascend: decode batch sizes captured as TorchAir graphs (must contain max_num_seqs)"
+    ),
+    "r1_ascend.onpolicy_logprob_shortcut": (
+        "r1-ascend: skip the old-log-prob pass on an exactly on-policy update (patch verl_onpolicy_logprob)"
+    ),
 }
 
 #: The keys in which the smoke overlay may differ from the 671B overlay (everything else must be identical, so the
@@ -54,6 +75,7 @@ SMOKE_DIFFERENCES: frozenset[str] = frozenset(
     {
         "data.max_prompt_length",
         "data.max_response_length",
+        "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.torchair_graph_config.graph_batch_sizes",
         "data.train_batch_size",
         "data.val_max_samples",
         "actor_rollout_ref.actor.ppo_mini_batch_size",

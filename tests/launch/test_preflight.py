@@ -146,9 +146,27 @@ def test_chunked_prefill_in_the_ascend_scheduler_allows_small_batches(smoke_inpu
     assert _errors(findings, "rollout_engine") == []
 
 
-def test_enforce_eager_is_refused(smoke_inputs):
+def test_enforce_eager_with_graph_mode_is_refused(smoke_inputs):
     _, findings = _findings(smoke_inputs, "actor_rollout_ref.rollout.enforce_eager=true")
     assert "enforce_eager=True" in _errors(findings, "rollout_engine")[0]
+
+
+ENGINE = "actor_rollout_ref.rollout.engine_kwargs.vllm"
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        # DeepSeek without TorchAir and without eager: vllm-ascend 0.9.1 raises "ACL Graph does not support deepseek"
+        (f"{ENGINE}.additional_config.torchair_graph_config.enabled=false", "ACL Graph does not support deepseek"),
+        (f"{ENGINE}.additional_config.torchair_graph_config.graph_batch_sizes=[4]", "does not contain max_num_seqs"),
+        (f"{ENGINE}.enable_expert_parallel=false", "enable_expert_parallel is not true"),
+        (f"{ENGINE}.additional_config.refresh=false", "additional_config.refresh is not true"),
+    ],
+)
+def test_engine_options_vllm_ascend_would_reject_are_refused(smoke_inputs, override, expected):
+    _, findings = _findings(smoke_inputs, override)
+    assert any(expected in message for message in _errors(findings, "rollout_engine")), findings
 
 
 def test_free_cache_engine_off_is_refused(smoke_inputs):

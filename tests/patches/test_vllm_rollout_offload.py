@@ -444,3 +444,44 @@ def test_two_training_steps_round_trip(rollout: Any, llm: fakes.FakeLLM) -> None
         run(rollout.resume(["kv_cache"]))
         rollout.verify_weights_loaded()
         assert _sizes(llm) == before
+
+
+def _engine_config(**vllm_kwargs: object) -> types.SimpleNamespace:
+    return types.SimpleNamespace(
+        enforce_eager=False, max_num_seqs=64, tensor_model_parallel_size=2, engine_kwargs={"vllm": vllm_kwargs}
+    )
+
+
+def test_rollout_refuses_engine_options_vllm_ascend_rejects() -> None:
+    """The rollout class re-checks the engine options on the cluster, before LLM() fails deep inside."""
+    from r1_ascend.patches._rollout_config import RolloutConfigError
+    from r1_ascend.patches._rollout_vllm import _check_engine_options_for
+
+    deepseek = types.SimpleNamespace(hf_config=types.SimpleNamespace(model_type="deepseek_v3", n_routed_experts=256))
+    with pytest.raises(RolloutConfigError, match="ACL Graph does not support deepseek"):
+        _check_engine_options_for(_engine_config(), deepseek)
+    good = _engine_config(
+        enable_expert_parallel=True,
+        additional_config={"refresh": True, "torchair_graph_config": {"enabled": True, "graph_batch_sizes": [64]}},
+    )
+    _check_engine_options_for(good, deepseek)  # world size 1 here: DP 1, nothing else required
+    qwen = types.SimpleNamespace(hf_config=types.SimpleNamespace(model_type="qwen2"))
+    with pytest.raises(RolloutConfigError, match="only supported for DeepSeek"):
+        _check_engine_options_for(good, qwen)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({"additional_config": {"refresh": True}}, "enable_expert_parallel is not true"),
+        ({"enable_expert_parallel": True}, "refresh is not true"),
+    ],
+)
+def test_data_parallel_rollout_needs_expert_parallel_and_refresh(kwargs: dict, expected: str) -> None:
+    from r1_ascend.patches._rollout_config import check_engine_options
+
+    config = _engine_config(**kwargs)
+    config.enforce_eager = True  # graph mode is checked separately
+    problems = check_engine_options(config, model_type="deepseek_v3", is_moe=True, dp_size=128)
+    assert any(expected in p for p in problems), problems
+    assert check_engine_options(config, model_type="deepseek_v3", is_moe=True, dp_size=1) == []
