@@ -59,9 +59,9 @@ class MemoryInputs:
     die_bytes: float
 
 
-def _stage_params(model: ModelInfo, stages: list[int], tp: int, ep: int, etp: int) -> float:
-    """Parameters one die of the heaviest pipeline stage holds."""
-    worst = 0.0
+def _stage_param_split(model: ModelInfo, stages: list[int]) -> list[tuple[float, float]]:
+    """(non-expert, expert) parameters per pipeline stage; the first holds the embedding, the last the head."""
+    split = []
     start = 0
     for index, count in enumerate(stages):
         non_expert = 0.0
@@ -75,30 +75,22 @@ def _stage_params(model: ModelInfo, stages: list[int], tp: int, ep: int, etp: in
             non_expert += model.embedding_params()
         if index == len(stages) - 1:
             non_expert += model.head_params()
-        worst = max(worst, non_expert / tp + expert / (ep * etp))
+        split.append((non_expert, expert))
         start += count
-    return worst
+    return split
+
+
+def _stage_params(model: ModelInfo, stages: list[int], tp: int, ep: int, etp: int) -> float:
+    """Parameters one die of the heaviest pipeline stage holds."""
+    return max(non_expert / tp + expert / (ep * etp) for non_expert, expert in _stage_param_split(model, stages))
 
 
 def _optimizer_params(model: ModelInfo, stages: list[int], train: TrainLayout) -> float:
-    worst = 0.0
-    start = 0
-    for index, count in enumerate(stages):
-        non_expert = 0.0
-        expert = 0.0
-        for layer in range(start, start + count):
-            moe = model.is_moe_layer(layer)
-            non_expert += model.non_expert_params_per_layer(moe=moe)
-            if moe:
-                expert += model.expert_params_per_moe_layer()
-        if index == 0:
-            non_expert += model.embedding_params()
-        if index == len(stages) - 1:
-            non_expert += model.head_params()
-        per_die = non_expert / train.tp / max(1, train.dp) + expert / (train.ep * train.etp) / max(1, train.expert_dp)
-        worst = max(worst, per_die)
-        start += count
-    return worst
+    """Parameters whose optimizer states one die holds (distributed optimizer: sharded over the data parallel group)."""
+    return max(
+        non_expert / train.tp / max(1, train.dp) + expert / (train.ep * train.etp) / max(1, train.expert_dp)
+        for non_expert, expert in _stage_param_split(model, stages)
+    )
 
 
 def _activations(inputs: MemoryInputs) -> float:
