@@ -16,7 +16,7 @@ import hydra
 from omegaconf import OmegaConf, open_dict
 from verl.trainer.main_ppo import TaskRunner, run_ppo
 
-import r1_ascend.patches.prelude  # noqa: F401 - first: the overlay must be applied before verl is used
+import r1_ascend.patches.prelude  # noqa: F401 - applies the overlay before any verl object is built or used
 from r1_ascend.recipe.checks import check_recipe_config
 from r1_ascend.recipe.runtime_env import add_overlay_to_config
 

@@ -1,13 +1,10 @@
 """Child-process side of the symbolic stage: Math-Verify + sympy on one (gold, prediction) pair per request.
 
 Run as ``python -m r1_ascend.recipe.reward.symbolic_worker``. It imports Math-Verify once, announces readiness,
-then reads one JSON object per line on stdin (``{"gold": str, "pred": str, "timeout_s": float}``) and answers
-one JSON object per line on stdout: ``{"equal": bool}``, ``{"timeout": true}`` or ``{"error": str}``.
-
-Each comparison runs in a child forked from this warm process (copy-on-write, a few milliseconds), and that
-child is killed when its bound expires. This process never evaluates model text itself, so it never hangs and
-never needs a restart: a pathological answer costs its own bound and nothing more, and the next comparison
-does not pay Math-Verify's ~2 s import again. Math-Verify's own ``signal.alarm`` timeouts are disabled.
+then reads one JSON object per line on stdin (``{"gold": str, "pred": str, "timeout_s": float}``) and answers one
+JSON object per line on stdout (``{"equal": bool}`` or ``{"error": str}``). Math-Verify's own ``signal.alarm``
+timeouts are disabled: the parent enforces ``timeout_s`` by killing this process, which works from any thread of
+the parent.
 
 Both sides are wrapped in ``\\boxed{}`` so that Math-Verify parses bare LaTeX (its best configuration on the dev
 cases); latex2sympy2_extended builds sympy objects from an ANTLR parse tree, never via ``eval``.
@@ -17,11 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import select
-import signal
 import sys
-import time
 
 # One pair per kind of construct: the first comparison of each kind costs sympy seconds of lazy imports/caches.
 _WARM_UP = (
@@ -51,38 +44,6 @@ def _answer(gold: str, pred: str) -> dict[str, object]:
         return {"error": f"{type(error).__name__}: {error}"[:200]}
 
 
-def _compare_in_child(gold: str, pred: str, timeout_s: float) -> dict[str, object]:
-    """Fork, compare in the child, and kill it if it has not answered within ``timeout_s``."""
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: answer and leave without running any cleanup of the parent's state
-        os.close(read_fd)
-        try:
-            os.write(write_fd, json.dumps(_answer(gold, pred)).encode())
-        finally:
-            os._exit(0)
-    os.close(write_fd)
-    deadline = time.monotonic() + max(timeout_s, 0.0)
-    data = b""
-    try:
-        while True:
-            remaining = deadline - time.monotonic()
-            readable, _, _ = select.select([read_fd], [], [], max(remaining, 0.0))
-            if not readable:
-                os.kill(pid, signal.SIGKILL)
-                return {"timeout": True}
-            chunk = os.read(read_fd, 65536)
-            if not chunk:
-                break
-            data += chunk
-    finally:
-        os.close(read_fd)
-        os.waitpid(pid, 0)
-    if not data:
-        return {"error": "comparison process died without answering"}
-    return json.loads(data)
-
-
 def main() -> int:
     logging.disable(logging.WARNING)  # Math-Verify warns once that its timeouts are off: intended here
     for gold, pred in _WARM_UP:  # load sympy, the ANTLR grammar and sympy's lazy modules before announcing readiness
@@ -94,7 +55,7 @@ def main() -> int:
     for line in sys.stdin:
         try:
             request = json.loads(line)
-            reply = _compare_in_child(str(request["gold"]), str(request["pred"]), float(request["timeout_s"]))
+            reply = _answer(str(request["gold"]), str(request["pred"]))
         except (ValueError, KeyError, TypeError) as error:
             reply = {"error": f"bad request: {type(error).__name__}: {error}"[:200]}
         out.write(json.dumps(reply) + "\n")

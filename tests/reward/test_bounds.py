@@ -82,23 +82,22 @@ def test_pathological_inputs_child_process() -> None:
     assert json.loads(done.stdout.strip().splitlines()[-1]) < BOUND_S
 
 
-def test_symbolic_timeout_kills_only_the_comparison() -> None:
-    """A comparison over its bound times out; the warm worker survives and answers the next one at once."""
+def test_symbolic_worker_is_killed_and_replaced_on_timeout() -> None:
+    """A comparison over its bound times out and its worker is replaced; the replacement's start is not billed."""
     worker = SymbolicWorker()
     try:
         worker.start()
         with pytest.raises(SymbolicTimeout):
             worker.compare("\\sum_{k=1}^{n} k", "\\frac{n(n+1)}{2}", timeout_s=1e-4)
-        assert worker.restarts == 0
-        start = time.monotonic()
+        assert worker.restarts == 1
+        # The replacement is still importing Math-Verify (~2 s); a short bound still gets a real verdict.
         assert worker.compare("\\sum_{k=1}^{n} k^3", "\\sum_{j=1}^{n} j^3", timeout_s=0.8) is True
-        assert time.monotonic() - start < 0.8
     finally:
         worker.close()
 
 
 def test_unresponsive_worker_is_killed_and_replaced() -> None:
-    """If the worker process itself stops answering, the parent kills and replaces it."""
+    """If the worker process stops answering, the parent kills and replaces it."""
     worker = SymbolicWorker()
     try:
         worker.start()
@@ -107,7 +106,7 @@ def test_unresponsive_worker_is_killed_and_replaced() -> None:
         with pytest.raises(SymbolicTimeout):
             worker.compare("x", "x", timeout_s=0.1)
         assert worker.restarts == 1
-        assert worker.compare("\\sum_{k=1}^{n} k^3", "\\sum_{j=1}^{n} j^3", timeout_s=30) is True
+        assert worker.compare("\\sum_{k=1}^{n} k^3", "\\sum_{j=1}^{n} j^3", timeout_s=0.8) is True
     finally:
         worker.close()
 
