@@ -11,9 +11,23 @@ import os
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from collections.abc import Iterator
+
+import pytest
+
 from r1_ascend.testing import npu_stub
 
 npu_stub.install()
+
+
+@pytest.fixture(autouse=True)
+def _leave_upstream_untouched() -> Iterator[None]:
+    """Whatever a test patched through the overlay (directly, or via a vLLM plugin load), put the originals back."""
+    yield
+    from r1_ascend.patches import _apply, restore_all
+
+    restore_all()
+    _apply.forget_applied()
 
 
 def pytest_report_header() -> list[str]:
