@@ -28,6 +28,8 @@ ARG TENSORDICT_VERSION=0.9.1
 ARG NUMPY_VERSION=1.26.4
 ARG PYARROW_VERSION=20.0.0
 ARG MATHRULER_VERSION=0.1.0
+# The A3 (Ascend 910C) SoC name for vllm-ascend's kernel build; `npu-smi info` on an A3 node shows the chip name
+# (vllm-ascend documents A3 as ascend910_93xx). Override with --build-arg SOC_VERSION=... if yours differs.
 ARG SOC_VERSION=ascend910_9391
 
 ENV PIP_INDEX_URL=${PIP_INDEX_URL} \
