@@ -15,6 +15,7 @@ from r1_ascend.stack import installed_version
 
 from ._errors import PatchConfigError, PatchError, PatchVersionError
 from ._registry import PATCHES, PatchSpec
+from ._target import check_signature, disable_hint, read_target
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +50,15 @@ def check_versions(spec: PatchSpec) -> None:
             raise PatchVersionError(msg)
 
 
+def check_targets(spec: PatchSpec) -> None:
+    """Resolve every declared target strictly before anything is installed, so a patch with several targets is
+    never left half-applied by drift in one of them (``PatchTargetError`` naming target, versions and switch)."""
+    for target in spec.targets:
+        current = read_target(target, patch=spec.name)
+        if not target.is_dict_entry:
+            check_signature(target, current, patch=spec.name)
+
+
 def resolve_switches(
     disabled: Iterable[str] | None = None, *, disable_all: bool | None = None, specs: Sequence[PatchSpec] = PATCHES
 ) -> set[str]:
@@ -74,13 +84,14 @@ def apply_one(spec: PatchSpec) -> Status:
     if done is not None and done.status is Status.APPLIED:
         return Status.ALREADY_APPLIED
     check_versions(spec)
+    check_targets(spec)
     module = importlib.import_module(spec.module)
     try:
         module.apply(spec)
     except PatchError:
         raise
     except Exception as exc:
-        msg = f"patch {spec.name!r} failed to apply: {type(exc).__name__}: {exc}"
+        msg = f"patch {spec.name!r} failed to apply: {type(exc).__name__}: {exc}. {disable_hint(spec.name)}"
         raise PatchError(msg) from exc
     with _lock:
         _results[spec.name] = PatchResult(spec.name, Status.APPLIED)

@@ -51,6 +51,7 @@ PATCHES: tuple[PatchSpec, ...] = (
         name="vllm_engine_kv_cache_configs",
         summary="Keep the KV-cache configs the engine was initialised with, so caches can be rebuilt identically.",
         targets=(
+            Target("vllm.v1.engine.core", "unify_kv_cache_configs", "vllm", params=("kv_cache_configs",)),
             Target("vllm.v1.engine.core", "EngineCore._initialize_kv_caches", "vllm", params=("self", "vllm_config")),
         ),
         requires=MappingProxyType({"vllm": "0.9.1"}),

@@ -7,7 +7,8 @@ It reaches every process that needs it:
   module itself imports nothing heavy at top level);
 - any vLLM process: the ``vllm.general_plugins`` entry point ``r1_ascend_patches`` calls ``vllm_plugin()``.
 
-Switches: ``R1_ASCEND_DISABLE_ALL=1`` or ``R1_ASCEND_DISABLE=name1,name2`` (see r1_ascend.envs).
+Switches: ``R1_ASCEND_DISABLE_ALL=1`` or ``R1_ASCEND_DISABLE=name1,name2``; ``R1_ASCEND_LOG_LEVEL`` sets the level of
+the ``r1_ascend`` loggers (see r1_ascend.envs).
 """
 
 from __future__ import annotations
@@ -29,13 +30,18 @@ def apply_once() -> None:
     with _lock:
         if _done:
             return
-        from r1_ascend.patches import apply_all, summary_line
+        from r1_ascend.patches import PatchConfigError, apply_all, summary_line
 
+        try:
+            level = envs.configured_log_level()
+        except ValueError as exc:
+            raise PatchConfigError(str(exc)) from None
+        if level is not None:
+            logging.getLogger("r1_ascend").setLevel(level)
         results = apply_all()
         line = summary_line(results)
         logger.info(line)
-        level = logging.getLevelName(envs.log_level())
-        quiet = isinstance(level, int) and level >= logging.ERROR
+        quiet = level is not None and level >= logging.ERROR
         if not quiet and not logger.isEnabledFor(logging.INFO):
             print(line, file=sys.stderr, flush=True)
         _done = True

@@ -33,7 +33,8 @@ and checks the TP/PP/DP/EP members against the plan, (4) all-gathers each rank's
 ``HCCL_SOCKET_IFNAME``/``GLOO_SOCKET_IFNAME`` via ioctl; ``MASTER_ADDR`` only for rank 0 or a loopback
 rendezvous) and, from each DP group's first rank, a kernel-chosen free port outside the job's reserved ports,
 held bound until all masters picked, and exports ``VLLM_DP_MASTER_IP``/``VLLM_DP_MASTER_PORT``. ``LLM()`` then
-finds the groups built (``ensure_model_parallel_initialized`` only checks sizes). Nothing is done when DP is 1.
+finds the groups built (``ensure_model_parallel_initialized`` only checks sizes). When DP is 1 (world = rollout TP)
+no group is built: only ``VLLM_DP_SIZE=1``/``VLLM_DP_RANK=0`` are exported and ``LLM()`` proceeds as stock.
 Details in docs/patches.md.
 
 Upstream fix:

@@ -1,7 +1,9 @@
 """Keep the per-worker KV-cache configs the vLLM engine was initialised with, so caches can be rebuilt identically.
 
 Target:
-vllm.v1.engine.core.EngineCore._initialize_kv_caches(self, vllm_config) (vllm 0.9.1).
+vllm.v1.engine.core.EngineCore._initialize_kv_caches(self, vllm_config) and
+vllm.v1.engine.core.unify_kv_cache_configs(kv_cache_configs) (the name ``core`` imported from
+``vllm.v1.core.kv_cache_utils``; vllm 0.9.1).
 
 Upstream:
 vllm 0.9.1 profiles device memory once in ``_initialize_kv_caches``, sizes the scheduler's ``KVCacheManager`` from
@@ -19,11 +21,14 @@ was sized for, so the scheduler would hand out block ids beyond the new tensors:
 with the exact configs from start-up avoids that.
 
 How:
-Wraps the original method. For the duration of the call the engine's executor gets an instance-level stand-in for
-``initialize_from_config`` that checks every worker's config has the same ``num_blocks`` (``KVCacheConfigError``
-otherwise), records the list and forwards it unchanged; the stand-in is removed in ``finally``. The list is stored
-on the engine as ``r1_ascend_kv_cache_configs``; ``saved_kv_cache_configs(engine_core)`` reads it back with a clear
-error when the patch did not run. Predecessors copied the whole upstream method instead.
+Two thin wrappers, no copy of upstream code (predecessors copied the whole method). ``_initialize_kv_caches`` opens
+a capture (a context variable) for the duration of the original call; ``unify_kv_cache_configs``, which vLLM calls
+on the per-worker list right before handing that same list to ``model_executor.initialize_from_config``, records
+the list while a capture is open and checks every worker's config has the same ``num_blocks``
+(``KVCacheConfigError`` otherwise). After the call the wrapper checks that the scheduler's config is the first of
+the recorded list (so the recorded list is the one the workers got) and stores it on the engine as
+``r1_ascend_kv_cache_configs``; ``saved_kv_cache_configs(engine_core)`` reads it back with a clear error when the
+patch did not run. Outside ``_initialize_kv_caches`` the ``unify_kv_cache_configs`` wrapper only forwards.
 
 Upstream fix:
 None: vLLM frees and restores KV caches only through its sleep mode (CuMemAllocator / vllm-ascend CaMemAllocator),
@@ -40,6 +45,7 @@ with an error naming this patch, so also disable vllm_rollout_offload (stock ver
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import logging
 from collections.abc import Callable, Sequence
@@ -52,7 +58,8 @@ logger = logging.getLogger(__name__)
 
 #: Attribute set on ``vllm.v1.engine.core.EngineCore`` instances: the per-worker list of ``KVCacheConfig``.
 KV_CACHE_CONFIGS_ATTR = "r1_ascend_kv_cache_configs"
-_EXECUTOR_METHOD = "initialize_from_config"
+#: Open (a list) only while the wrapped ``_initialize_kv_caches`` runs in this thread/context.
+_capture: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar("r1_ascend_kv_capture", default=None)
 
 
 class KVCacheConfigError(RuntimeError):
@@ -89,42 +96,51 @@ def saved_kv_cache_configs(engine_core: Any) -> list[Any]:
     return configs
 
 
-def _recording(captured: list[Any], forward: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    def initialize_from_config(kv_cache_configs: Any) -> Any:
-        check_block_counts(kv_cache_configs)
-        captured.append(list(kv_cache_configs))
-        return forward(kv_cache_configs)
+def build_unify(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    @functools.wraps(original)
+    def unify_kv_cache_configs(kv_cache_configs: Any) -> Any:
+        result = original(kv_cache_configs)
+        sink = _capture.get()
+        if sink is not None:
+            check_block_counts(kv_cache_configs)
+            sink.append(kv_cache_configs)
+        return result
 
-    return initialize_from_config
+    return unify_kv_cache_configs
 
 
 def build(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def _initialize_kv_caches(self: Any, vllm_config: Any) -> Any:
-        executor = self.model_executor
-        captured: list[list[Any]] = []
-        shadowed = vars(executor).get(_EXECUTOR_METHOD)
-        setattr(executor, _EXECUTOR_METHOD, _recording(captured, getattr(executor, _EXECUTOR_METHOD)))
+        sink: list[Any] = []
+        token = _capture.set(sink)
         try:
             result = original(self, vllm_config)
         finally:
-            if shadowed is None:
-                delattr(executor, _EXECUTOR_METHOD)
-            else:
-                setattr(executor, _EXECUTOR_METHOD, shadowed)
-        if not captured:
+            _capture.reset(token)
+        if not sink:
             msg = (
-                f"EngineCore._initialize_kv_caches returned without calling model_executor.{_EXECUTOR_METHOD}; "
-                f"vLLM changed how it initialises KV caches and the patch vllm_engine_kv_cache_configs must be "
-                f"revised (or disabled together with vllm_rollout_offload)."
+                "EngineCore._initialize_kv_caches returned without calling unify_kv_cache_configs; vLLM changed how "
+                "it initialises KV caches and the patch vllm_engine_kv_cache_configs must be revised (or disabled "
+                "together with vllm_rollout_offload)."
             )
             raise KVCacheConfigError(msg)
-        setattr(self, KV_CACHE_CONFIGS_ATTR, captured[-1])
-        logger.debug("saved %d KV-cache config(s) on the engine core", len(captured[-1]))
+        configs = list(sink[-1])
+        scheduler_config = result[2] if isinstance(result, tuple) and len(result) == 3 else None
+        if not configs or scheduler_config is not configs[0]:
+            msg = (
+                "EngineCore._initialize_kv_caches sized the scheduler from a KV-cache config that is not the first of "
+                "the list vLLM unified for the workers; vLLM changed how it initialises KV caches and the patch "
+                "vllm_engine_kv_cache_configs must be revised (or disabled together with vllm_rollout_offload)."
+            )
+            raise KVCacheConfigError(msg)
+        setattr(self, KV_CACHE_CONFIGS_ATTR, configs)
+        logger.debug("saved %d KV-cache config(s) on the engine core", len(configs))
         return result
 
     return _initialize_kv_caches
 
 
 def apply(spec: PatchSpec) -> None:
+    install(spec.name, spec.target("unify_kv_cache_configs"), build_unify)
     install(spec.name, spec.target("EngineCore._initialize_kv_caches"), build)

@@ -12,6 +12,7 @@ import glob
 import os
 import platform
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -123,6 +124,9 @@ def patch_rows(*, deep: bool) -> list[Row]:
 
 
 def _prepare_deep_imports() -> None:
+    # vLLM logs its platform and plugin discovery at INFO on import; the report should not drown in it.
+    if "vllm" not in sys.modules:
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     if installed_version("torch-npu") is None:
         from r1_ascend.testing import npu_stub
 
@@ -135,7 +139,9 @@ def _deep_check(patch: str, target: Target) -> StaticResult:
     from r1_ascend.patches._target import check_signature, read_target
 
     try:
-        value = read_target(target, patch=patch)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # upstream import-time warnings (no Apex, no Triton) are not findings
+            value = read_target(target, patch=patch)
         if not target.is_dict_entry:
             check_signature(target, value, patch=patch)
     except PatchError as exc:

@@ -9,7 +9,6 @@ the overlay switches and the installed classes; it changes nothing) so ``r1-asce
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -79,9 +78,8 @@ def _switch_problems(environ: Mapping[str, str] | None) -> list[str]:
     from r1_ascend.patches import PatchConfigError
     from r1_ascend.patches._apply import resolve_switches
 
-    environ = os.environ if environ is None else environ
-    disable_all = environ.get(envs.R1_ASCEND_DISABLE_ALL, "").strip().lower() in {"1", "true", "yes", "on"}
-    names = [n.strip() for n in environ.get(envs.R1_ASCEND_DISABLE, "").split(",") if n.strip()]
+    disable_all = envs.disable_all(environ)
+    names = envs.disabled_patch_names(environ)
     try:
         disabled = resolve_switches(names, disable_all=disable_all)
     except PatchConfigError as exc:

@@ -6,7 +6,6 @@
 
 # --- vLLM / vllm-ascend ---------------------------------------------------------------------------------------
 export VLLM_USE_V1="${VLLM_USE_V1:-1}"                       # V1 engine (the patched rollout requires it)
-export VLLM_ENABLE_GRAPH_MODE="${VLLM_ENABLE_GRAPH_MODE:-1}" # TorchAir graph mode in the rollout
 export VLLM_VERSION="${VLLM_VERSION:-0.9.1}"                 # vLLM built from source reports an odd version
 export VLLM_ASCEND_MODEL_EXECUTE_TIME_OBSERVE="${VLLM_ASCEND_MODEL_EXECUTE_TIME_OBSERVE:-0}"
 

@@ -49,3 +49,19 @@ def test_unpinned_version_fails(monkeypatch: pytest.MonkeyPatch, capsys: pytest.
 def test_import_mode_resolves_targets_at_run_time(capsys: pytest.CaptureFixture[str]) -> None:
     assert doctor.main(["--import"]) == 0
     assert "resolves at run time" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_import_mode_reports_drift_with_versions_and_switch(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Under --import a drifted target fails with the installer's message: versions and the disable switch."""
+    spec = PATCHES[0]
+    drifted_target = dataclasses.replace(spec.targets[0], params=("self", "vllm_config", "extra"))
+    monkeypatch.setattr("r1_ascend.patches.PATCHES", (dataclasses.replace(spec, targets=(drifted_target,)),))
+    assert doctor.main(["--import"]) == 1
+    captured = capsys.readouterr()
+    assert f"[FAIL] {spec.name}" in captured.out
+    assert "signature of vllm.v1.engine.core.EngineCore._initialize_kv_caches drifted" in captured.err
+    assert "Installed vllm: 0.9.1; the patch was written for vllm 0.9.1" in captured.err
+    assert f"R1_ASCEND_DISABLE={spec.name}" in captured.err

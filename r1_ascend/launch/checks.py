@@ -6,6 +6,7 @@ A check never raises for a bad configuration; it reports what is wrong, what was
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -220,8 +221,8 @@ def check_expert_parallel(run: Run) -> Iterator[Finding]:
 
 def check_batch_sizes(run: Run) -> Iterator[Finding]:
     cfg, train = run.config, run.train
-    if train is None:
-        return
+    if train is None or run.world % train.model_parallel:
+        return  # no integral DP size: reported by check_expert_parallel
     actor, rollout, ref = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.ref
     prompts, n = int(cfg.data.train_batch_size), int(rollout.n)
     mini = int(actor.ppo_mini_batch_size)
@@ -453,18 +454,7 @@ def check_checkpoint(run: Run) -> Iterator[Finding]:
                 problems.append(f"metadata.json sharded_backend is {meta.get('sharded_backend')!r}, not 'torch_dist'")
     if not any(path.glob("*.distcp")):
         problems.append("no *.distcp data files")
-    manifest = path / ".r1-ascend-to-megatron.json"
-    if run.model is not None and manifest.is_file():
-        try:
-            layout = json.loads(manifest.read_text(encoding="utf-8")).get("layout")
-            layers = sum(layout[3]) if layout and layout[3] else None
-        except (ValueError, TypeError, IndexError):
-            layers = None
-        if layers is not None and layers != run.model.num_layers:
-            problems.append(
-                f"it was converted for {layers} decoder layers but the model has {run.model.num_layers}; "
-                "convert the checkpoint of this model"
-            )
+    mismatch = _checkpoint_model_mismatch(path, run.model) if run.model is not None else None
     ref = cfg.actor_rollout_ref.ref.megatron
     if (
         ref.use_dist_checkpointing
@@ -483,8 +473,56 @@ def check_checkpoint(run: Run) -> Iterator[Finding]:
             ERROR,
             f"{path} is not a complete Megatron dist checkpoint: {'; '.join(problems)} (r1-ascend convert-weights)",
         )
-    else:
+    if mismatch:
+        yield Finding("checkpoint", ERROR, f"{path} does not belong to {run.model.path}: {mismatch}")
+    if not problems and not mismatch:
         yield Finding("checkpoint", OK, f"{path}: torch_dist checkpoint (loads at any TP/PP/EP)")
+
+
+#: Largest ``.metadata`` scanned for layer keys (a 671B checkpoint's is a few tens of MB).
+_MAX_METADATA_SCAN = 512 * 1024 * 1024
+_LAYER_KEY = re.compile(rb"decoder\.layers\.(\d+)\.")
+
+
+def _checkpoint_layers(path: Path) -> set[int]:
+    """Global decoder-layer numbers named in a dist checkpoint's ``.metadata``, without unpickling it.
+
+    The pickled DCP metadata stores every tensor key as plain UTF-8 (``decoder.layers.<global layer>.…``, the layer
+    number is global because verl's DeepSeek/Qwen layers use global keys), so a byte scan finds them without torch.
+    Returns an empty set when the file is unreadable or names no layer (the check is then skipped).
+    """
+    meta = path / ".metadata"
+    try:
+        if meta.stat().st_size > _MAX_METADATA_SCAN:
+            return set()
+        data = meta.read_bytes()
+    except OSError:
+        return set()
+    return {int(m) for m in _LAYER_KEY.findall(data)}
+
+
+def _checkpoint_model_mismatch(path: Path, model: ModelInfo) -> str | None:
+    """Why the checkpoint cannot be this model's (layer count from our manifest or from the keys), or None."""
+    expected = model.num_layers
+    manifest = path / ".r1-ascend-to-megatron.json"
+    if manifest.is_file():
+        try:
+            layout = json.loads(manifest.read_text(encoding="utf-8")).get("layout")
+            layers = sum(layout[3]) if layout and layout[3] else None
+        except (ValueError, TypeError, IndexError):
+            layers = None
+        if layers is not None and layers != expected:
+            return (
+                f"it was converted for {layers} decoder layers but the model has {expected}; "
+                "convert the checkpoint of this model"
+            )
+    found = _checkpoint_layers(path)
+    if found and found != set(range(expected)):
+        return (
+            f"its keys name {len(found)} decoder layers (decoder.layers.{min(found)}..{max(found)}) but the model has "
+            f"{expected}; it was converted from another model: convert the checkpoint of this model"
+        )
+    return None
 
 
 def check_patches(run: Run) -> Iterator[Finding]:

@@ -130,8 +130,9 @@ def _relative_check(
         return CheckResult(label, key, base, cand, "n/a", threshold, VERDICT_MISSING, base_n, cand_n, note)
     change = (cand - base) / base
     regressed = change < -limit if worse_when_lower else change > limit
-    verdict = VERDICT_REGRESSION if regressed else VERDICT_OK
-    return CheckResult(label, key, base, cand, f"{change:+.2%}", threshold, verdict, base_n, cand_n)
+    return _covered(
+        CheckResult(label, key, base, cand, f"{change:+.2%}", threshold, _verdict(regressed), base_n, cand_n)
+    )
 
 
 def _absolute_result(
@@ -151,8 +152,31 @@ def _absolute_result(
         )
     change = cand - base
     regressed = abs(change) > limit if both_directions else change > limit
-    verdict = VERDICT_REGRESSION if regressed else VERDICT_OK
-    return CheckResult(label, key, base, cand, f"{change:+.4g}", threshold, verdict, base_n, cand_n)
+    return _covered(
+        CheckResult(label, key, base, cand, f"{change:+.4g}", threshold, _verdict(regressed), base_n, cand_n)
+    )
+
+
+def _verdict(regressed: bool) -> str:
+    return VERDICT_REGRESSION if regressed else VERDICT_OK
+
+
+def _covered(result: CheckResult) -> CheckResult:
+    """Both runs must cover the window equally: a candidate that crashed mid-window must not pass.
+
+    Means over different step sets are not comparable either way (the reward drifts over a run), so any verdict on
+    them becomes missing data, which fails the check with exit code 2.
+    """
+    if result.baseline_steps == result.candidate_steps:
+        return result
+    fewer = "candidate" if result.candidate_steps < result.baseline_steps else "baseline"
+    result.note = (
+        f"the runs logged this metric on different numbers of steps in the window "
+        f"(baseline {result.baseline_steps}, candidate {result.candidate_steps}); the {fewer} is incomplete "
+        "(truncated, crashed or a narrower window is needed)"
+    )
+    result.verdict = VERDICT_MISSING
+    return result
 
 
 def _absent(base: float | None, cand: float | None) -> str:

@@ -2,7 +2,7 @@
 
 With ``trainer.rollout_data_dir`` (training) or ``trainer.validation_data_dir`` set, verl 0.6.1 writes
 ``<dir>/<global_step>.jsonl``: one JSON object per sample with ``input``, ``output``, ``gts``, ``score``, ``step``
-and every per-sample list of the reward's extra info (e.g. ``acc``, ``format_ok``). The numeric extra fields give
+and every per-sample list of the reward's extra info (e.g. ``acc``, ``format``). The numeric extra fields give
 the per-component reward curves that the training metrics do not contain.
 """
 

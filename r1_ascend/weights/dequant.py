@@ -202,7 +202,7 @@ def convert_fp8_to_bf16(
         "source_index_sha256": fingerprint(src / INDEX_NAME) if (src / INDEX_NAME).exists() else None,
         "drop_mtp": drop_mtp,
     }
-    resuming = prepare_output(dst, MANIFEST, manifest, overwrite=overwrite)
+    resuming = prepare_output(dst, MANIFEST, manifest, overwrite=overwrite, source=src)
     if resuming:
         removed = remove_stale_temps(dst)
         log.info("resuming into %s (%d stale temp files removed)", dst, removed)

@@ -227,7 +227,7 @@ def convert_hf_to_megatron(
         "layout": [layout.tp, layout.pp, layout.ep, list(layout.pp_layers)],
         "extra_state": extra_state,
     }
-    resuming = prepare_output(dst, MANIFEST, manifest, overwrite=overwrite)
+    resuming = prepare_output(dst, MANIFEST, manifest, overwrite=overwrite, source=src)
     total_bytes = sum(t.numel * torch.empty((), dtype=t.dtype).element_size() for t in plan.tensors)
     if resuming:
         if (dst / "metadata.json").exists() and (dst / ".metadata").exists():

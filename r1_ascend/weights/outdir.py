@@ -21,9 +21,22 @@ def fingerprint(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def prepare_output(out: Path, manifest_name: str, manifest: dict[str, Any], *, overwrite: bool) -> bool:
-    """Make ``out`` ready; returns True when resuming an earlier run with the same manifest."""
+def prepare_output(
+    out: Path, manifest_name: str, manifest: dict[str, Any], *, overwrite: bool, source: Path | None = None
+) -> bool:
+    """Make ``out`` ready; returns True when resuming an earlier run with the same manifest.
+
+    ``source`` (the input checkpoint) must not be ``out`` or lie inside it: ``overwrite`` would delete it.
+    """
     manifest_path = out / manifest_name
+    if source is not None:
+        src, dst = source.resolve(), out.resolve()
+        if src == dst or dst in src.parents:
+            msg = (
+                f"output {out} contains the source checkpoint {source}; the converter never writes over or deletes "
+                "its input. Choose an output directory outside the source."
+            )
+            raise OutputExistsError(msg)
     if out.exists() and not out.is_dir():
         msg = f"output {out} exists and is not a directory"
         raise OutputExistsError(msg)

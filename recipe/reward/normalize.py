@@ -21,8 +21,12 @@ _TEXT_COMMANDS = ("text", "textbf", "textit", "textnormal", "textrm", "textsf", 
 _TEXT_COMMANDS += ("mathit", "mathsf", "mathtt", "mathbb", "mathcal", "operatorname", "rm", "bf", "displaystyle")
 _TEXT_RE = re.compile(r"\\(?:" + "|".join(_TEXT_COMMANDS) + r")\s*\{([^{}]*)\}")
 _TEXT_WORD_CONNECTORS = re.compile(r"\\text\{\s*(?:and|or|,)\s*\}|\s+(?:and|or)\s+|,\s*(?:and|or)\s+")
-# A number followed by a \text group that starts with a space is a unit: "125\text{ miles}".
-_UNIT_TEXT_RE = re.compile(r"(\d|\})\s*\\(?:text|textnormal|textrm|mbox|mathrm)\s*\{\s[^{}]*\}")
+# A number followed by a \text group that starts with a space is a unit: "125\text{ miles}". The unit's exponent
+# goes with it ("25\text{ cm}^2" is 25, not 25^2); a group holding a digit, or followed by one, is not a unit
+# ("2\text{ (or 3)}", "2\text{ dozen}0").
+_UNIT_TEXT_RE = re.compile(
+    r"(\d|\})\s*\\(?:text|textnormal|textrm|mbox|mathrm)\s*\{\s[^{}\d]*\}(?:\s*\^\s*(?:\{\s*\d\s*\}|\d))?(?!\s*\d)"
+)
 _SPACING_RE = re.compile(r"\\(?:[,:;! ]|quad|qquad|enspace|thinspace|medspace|thickspace)|~")
 _LEFT_RIGHT_RE = re.compile(
     r"\\(?:left|right|big|Big|bigg|Bigg)(?![a-zA-Z])\s*(\\[{}|]|[()\[\].|]|\\?langle|\\?rangle)?"

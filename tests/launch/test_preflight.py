@@ -244,6 +244,26 @@ def test_checkpoint_of_another_model_is_reported(smoke_inputs, tmp_path):
     assert "converted for 61 decoder layers but the model has 4" in _errors(findings, "checkpoint")[0]
 
 
+def test_checkpoint_whose_keys_name_other_layers_is_reported(smoke_inputs, tmp_path):
+    """No manifest layer list (converted without --pp-layers, or by another tool): the keys tell the layer count."""
+    import pickle
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    for name in ("metadata.json", "common.pt", "__0_0.distcp"):
+        (ckpt / name).write_bytes((smoke_inputs.ckpt / name).read_bytes())
+    keys = {f"decoder.layers.{i}.self_attention.linear_proj.weight": i for i in range(3)}
+    (ckpt / ".metadata").write_bytes(pickle.dumps({"state_dict_metadata": keys, "embedding.word_embeddings": 0}))
+    _, findings = _findings(smoke_inputs, paths={"ckpt": str(ckpt)})
+    message = _errors(findings, "checkpoint")[0]
+    assert "name 3 decoder layers (decoder.layers.0..2) but the model has 4" in message
+    assert "not a complete" not in message
+    keys = {f"decoder.layers.{i}.self_attention.linear_proj.weight": i for i in range(4)}
+    (ckpt / ".metadata").write_bytes(pickle.dumps({"state_dict_metadata": keys}))
+    _, findings = _findings(smoke_inputs, paths={"ckpt": str(ckpt)})
+    assert _errors(findings, "checkpoint") == []
+
+
 def test_unresolvable_patch_target_is_reported(smoke_inputs, monkeypatch):
     from r1_ascend.patches import _static
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -80,3 +81,11 @@ def test_run_script_stops_on_preflight_errors(smoke_inputs):
     )
     assert done.returncode != 0
     assert "dry run" not in done.stdout
+
+
+def test_every_variable_the_scripts_read_is_documented():
+    """docs/environment.md lists every upper-case variable a script expands (locals are lower-case)."""
+    documented = (REPO / "docs" / "environment.md").read_text(encoding="utf-8")
+    read = {name for script in SCRIPTS for name in re.findall(r"\$\{([A-Z][A-Z0-9_]*)", script.read_text())}
+    missing = sorted(name for name in read - {"BASH_SOURCE"} if f"`{name}`" not in documented)
+    assert missing == [], f"variables read by scripts/*.sh but not in docs/environment.md: {missing}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from r1_ascend.patches import PATCHES, PatchTargetError, applied_names
+from r1_ascend.patches import PATCHES, PatchConfigError, PatchTargetError, applied_names
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STUB_SITE = REPO_ROOT / "tests" / "sitecustomize_npu"
@@ -54,6 +55,30 @@ def test_disabled_patch_leaves_its_target_untouched(monkeypatch: pytest.MonkeyPa
     _fresh_prelude(monkeypatch)
     assert EngineCore.__dict__["_initialize_kv_caches"] is original
     assert "vllm_engine_kv_cache_configs" not in applied_names()
+
+
+def test_log_level_switch_sets_the_r1_ascend_loggers(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """R1_ASCEND_LOG_LEVEL is applied to the package logger; at ERROR the summary line is not printed."""
+    package_logger = logging.getLogger("r1_ascend")
+    before = package_logger.level
+    monkeypatch.setenv("R1_ASCEND_LOG_LEVEL", "error")
+    try:
+        _fresh_prelude(monkeypatch)
+        assert package_logger.level == logging.ERROR
+        assert not logging.getLogger("r1_ascend.patches._rollout_vllm").isEnabledFor(logging.WARNING)
+    finally:
+        package_logger.setLevel(before)
+    assert applied_names() == ALL
+    assert "r1-ascend overlay (pid" not in capfd.readouterr().err
+
+
+def test_bad_log_level_is_an_error_naming_the_valid_levels(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("R1_ASCEND_LOG_LEVEL", "LOUD")
+    with pytest.raises(PatchConfigError, match=r"R1_ASCEND_LOG_LEVEL='LOUD' is not a log level; use one of DEBUG"):
+        _fresh_prelude(monkeypatch)
+    assert applied_names() == []
 
 
 def _run_child(code: str, **env: str) -> subprocess.CompletedProcess[str]:

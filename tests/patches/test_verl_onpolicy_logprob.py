@@ -378,3 +378,59 @@ def _as_old_log_probs(values: torch.Tensor) -> Any:
     from verl import DataProto
 
     return DataProto.from_dict(tensors={"old_log_probs": values.float()}, meta_info={"temperature": 1.0})
+
+
+# --- the worker: the marker survives verl's own mini-batching -------------------------------------------------------
+
+
+class _RecordingOptimizer:
+    """Stands in for Megatron's optimizer: update_policy only calls zero_grad() and step()."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def zero_grad(self) -> None:
+        pass
+
+    def step(self) -> tuple[bool, float, int]:
+        self.steps += 1
+        return True, 0.0, 0
+
+
+def _update_policy(actor: Any, batch: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[dict, int]:
+    """verl's real update path: make_minibatch_iterator (select + make_iterator) then update_policy."""
+    import verl.workers.actor.megatron_actor as module
+
+    monkeypatch.setattr(module, "get_torch_device", lambda: types.SimpleNamespace(empty_cache=lambda: None))
+    monkeypatch.setattr(actor.actor_module[0], "zero_grad_buffer", actor.actor_module[0].zero_grad, raising=False)
+    actor.actor_optimizer = _RecordingOptimizer()
+    actor.use_torch_profiler, actor.prof = False, None
+    batch.meta_info.update(temperature=1.0, micro_batch_size=2)
+    metrics = actor.update_policy(actor.make_minibatch_iterator(batch))
+    flat = {
+        key: [v for value in values for v in (value if isinstance(value, list) else [value])]
+        for key, values in metrics.items()
+    }
+    return flat, actor.actor_optimizer.steps
+
+
+def test_marker_reaches_the_loss_through_verl_update_policy(
+    megatron_actor: Any, on_policy_config: DictConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver's marker survives verl's select()/make_iterator() mini-batching; one optimizer step, ratio 1."""
+    apply_one(SPEC)
+    metrics, steps = _update_policy(megatron_actor, _driver_batch(on_policy_config), monkeypatch)
+    assert steps == 1
+    assert metrics[METRIC] == [1.0] * 4
+    assert metrics["actor/pg_clipfrac"] == [0.0] * 4
+    assert all(loss == loss for loss in metrics["actor/pg_loss"])
+
+
+def test_two_mini_batches_through_update_policy_are_refused(
+    megatron_actor: Any, on_policy_config: DictConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker configured with two mini-batches per batch refuses the marker instead of using a ratio of 1."""
+    apply_one(SPEC)
+    megatron_actor.config = _actor_config(on_policy_config, ppo_mini_batch_size=4)
+    with pytest.raises(PatchError, match="not be on-policy"):
+        _update_policy(megatron_actor, _driver_batch(on_policy_config), monkeypatch)

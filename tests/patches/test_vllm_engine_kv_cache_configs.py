@@ -2,7 +2,8 @@
 
 The method runs bound to a minimal engine object whose executor has the calls vLLM 0.9.1 makes
 (``get_kv_cache_specs``, ``determine_available_memory``, ``initialize_from_config``); KV-cache specs and configs are
-vLLM's real classes and the config computation is vLLM's own (``get_kv_cache_config``, ``unify_kv_cache_configs``).
+vLLM's real classes and the config computation is vLLM's own (``get_kv_cache_config``, ``unify_kv_cache_configs``,
+the latter through the patch's wrapper).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from r1_ascend.patches.vllm_engine_kv_cache_configs import (
     KV_CACHE_CONFIGS_ATTR,
     KVCacheConfigError,
     build,
+    build_unify,
     check_block_counts,
     saved_kv_cache_configs,
 )
@@ -52,17 +54,22 @@ def _engine(executor: Any) -> Any:
 
 
 def test_applies_to_pinned_vllm_and_is_marked() -> None:
+    from vllm.v1.core import kv_cache_utils
+    from vllm.v1.engine import core
     from vllm.v1.engine.core import EngineCore
 
     stock = EngineCore._initialize_kv_caches
     apply_one(SPEC)
     assert patched_by(EngineCore._initialize_kv_caches) == SPEC.name
-    assert get_original(SPEC.targets[0]) is stock
+    assert patched_by(core.unify_kv_cache_configs) == SPEC.name
+    assert kv_cache_utils.unify_kv_cache_configs is get_original(SPEC.target("unify_kv_cache_configs"))
+    assert get_original(SPEC.target("EngineCore._initialize_kv_caches")) is stock
     assert apply_one(SPEC).value == "already applied"
     from r1_ascend.patches import restore_all
 
     restore_all()
     assert EngineCore._initialize_kv_caches is stock
+    assert core.unify_kv_cache_configs is kv_cache_utils.unify_kv_cache_configs
 
 
 def test_real_method_stores_the_configs_it_passed_to_the_executor() -> None:
@@ -84,7 +91,7 @@ def test_real_method_stores_the_configs_it_passed_to_the_executor() -> None:
     assert num_gpu_blocks == stored[0].num_blocks > 0
     assert num_cpu_blocks == 0
     assert runner.received_configs == [stored[0]], "the worker still received the configs"
-    assert "initialize_from_config" not in vars(executor), "the temporary stand-in must be removed"
+    assert "initialize_from_config" not in vars(executor), "the executor itself is never touched"
 
 
 def test_every_worker_config_is_kept_and_agrees_on_blocks() -> None:
@@ -103,8 +110,10 @@ def test_every_worker_config_is_kept_and_agrees_on_blocks() -> None:
     assert stored[0].num_blocks == 40 * 1024 // page // fakes.NUM_LAYERS, "vLLM unifies to the smallest worker"
 
 
-def test_stand_in_removed_when_the_executor_fails() -> None:
+def test_nothing_is_stored_when_the_executor_fails() -> None:
     from vllm.v1.engine.core import EngineCore
+
+    from r1_ascend.patches import vllm_engine_kv_cache_configs as patch
 
     class Failing(fakes.FakeExecutor):
         def initialize_from_config(self, kv_cache_configs: list[Any]) -> None:
@@ -115,8 +124,8 @@ def test_stand_in_removed_when_the_executor_fails() -> None:
     engine = _engine(executor)
     with pytest.raises(MemoryError):
         EngineCore._initialize_kv_caches(engine, fakes.vllm_config())
-    assert "initialize_from_config" not in vars(executor)
     assert not hasattr(engine, KV_CACHE_CONFIGS_ATTR)
+    assert patch._capture.get() is None, "the capture is closed even when the original raises"
 
 
 def _config(num_blocks: int) -> Any:
@@ -127,14 +136,23 @@ def test_disagreeing_block_counts_raise_before_reaching_the_workers() -> None:
     """An upstream that stops unifying block counts must not get past the wrapper."""
     received: list[Any] = []
 
-    def drifted_initialize(self: Any, vllm_config: Any) -> None:
-        self.model_executor.initialize_from_config([_config(2111), _config(2055)])
+    def drifted_initialize(self: Any, vllm_config: Any) -> Any:
+        configs = [_config(2111), _config(2055)]
+        build_unify(lambda kv_cache_configs: None)(configs)  # a unify that no longer unifies
+        received.append(configs)  # what would reach the workers
+        return 2111, 0, configs[0]
 
-    executor = types.SimpleNamespace(initialize_from_config=received.append)
     with pytest.raises(KVCacheConfigError, match=r"\[2111, 2055\]"):
-        build(drifted_initialize)(_engine(executor), None)
+        build(drifted_initialize)(_engine(types.SimpleNamespace()), None)
     assert received == []
-    assert vars(executor)["initialize_from_config"] == received.append, "the executor's own method is put back"
+
+
+def test_unify_wrapper_only_records_inside_initialize() -> None:
+    """Outside the engine's KV-cache initialisation the unify wrapper forwards and records nothing."""
+    seen: list[Any] = []
+    configs = [_config(7), _config(8)]
+    build_unify(seen.append)(configs)  # no capture open: no check, no recording
+    assert seen == [configs]
 
 
 def test_check_block_counts() -> None:
@@ -145,10 +163,22 @@ def test_check_block_counts() -> None:
         check_block_counts([])
 
 
-def test_upstream_that_skips_the_executor_call_is_reported() -> None:
+def test_upstream_that_skips_the_unify_call_is_reported() -> None:
     executor = fakes.FakeExecutor(fakes.FakeModelRunner(fakes.FakeForCausalLM()), 48 * 1024)
-    with pytest.raises(KVCacheConfigError, match=r"without calling model_executor\.initialize_from_config"):
+    with pytest.raises(KVCacheConfigError, match=r"without calling unify_kv_cache_configs"):
         build(lambda self, vllm_config: (1, 0, None))(_engine(executor), None)
+
+
+def test_scheduler_config_from_another_list_is_reported() -> None:
+    """If the scheduler is sized from a config that is not the recorded list's first, the recording is wrong."""
+
+    def drifted_initialize(self: Any, vllm_config: Any) -> Any:
+        configs = [_config(5)]
+        build_unify(lambda kv_cache_configs: None)(configs)
+        return 5, 0, _config(5)
+
+    with pytest.raises(KVCacheConfigError, match="not the first of the list"):
+        build(drifted_initialize)(_engine(types.SimpleNamespace()), None)
 
 
 def test_missing_configs_name_the_patch_and_the_switch() -> None:
@@ -164,16 +194,16 @@ def test_missing_configs_name_the_patch_and_the_switch() -> None:
     ],
 )
 def test_drifted_engine_core_is_a_target_error(monkeypatch: pytest.MonkeyPatch, body: str, expected: str) -> None:
-    from r1_ascend.patches import vllm_engine_kv_cache_configs
-
     module = types.ModuleType("r1_fake_vllm_core")
     namespace: dict[str, Any] = {}
     exec(body, namespace)  # one method, renamed or with a changed signature
     method = next(v for k, v in namespace.items() if k.startswith("_initialize"))
     module.EngineCore = type("EngineCore", (), {method.__name__: method})
+    module.unify_kv_cache_configs = lambda kv_cache_configs: None  # unchanged
     monkeypatch.setitem(sys.modules, module.__name__, module)
-    target = dataclasses.replace(SPEC.targets[0], module=module.__name__)
-    spec = dataclasses.replace(SPEC, targets=(target,))
+    targets = tuple(dataclasses.replace(t, module=module.__name__) for t in SPEC.targets)
+    spec = dataclasses.replace(SPEC, targets=targets)
     with pytest.raises(PatchTargetError, match=rf"{expected}.*R1_ASCEND_DISABLE=vllm_engine_kv_cache_configs"):
-        vllm_engine_kv_cache_configs.apply(spec)
-    assert isinstance(target, Target)
+        apply_one(spec)
+    assert all(isinstance(target, Target) for target in targets)
+    assert patched_by(module.unify_kv_cache_configs) is None, "nothing is installed when one target drifted"

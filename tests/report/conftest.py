@@ -101,14 +101,14 @@ def _batch(verl: SimpleNamespace, rng: np.random.Generator) -> tuple[object, lis
 
 def _validation_metrics(verl: SimpleNamespace, rng: np.random.Generator) -> tuple[dict[str, float], dict[str, float]]:
     """verl's process_validation_metrics, then verl's val-core / val-aux naming (ray_trainer._validate)."""
-    sources, uids, acc, fmt_ok = [], [], [], []
+    sources, uids, acc, fmt = [], [], [], []
     for source in VAL_SOURCES:
         for index in range(6):
             sources.append(source)
             uids.append(f"{source}-{index}")
             acc.append(float(rng.random() < 0.4))
-            fmt_ok.append(float(rng.random() < 0.8))
-    infos = {"reward": list(acc), "acc": acc, "format_ok": fmt_ok}
+            fmt.append(float(rng.random() < 0.8))
+    infos = {"reward": list(acc), "acc": acc, "format": fmt, "pred": [str(a) for a in acc]}
     processed = verl.metric_utils.process_validation_metrics(np.array(sources), uids, infos)
     metrics = {}
     for source, var2metric in processed.items():
@@ -267,9 +267,11 @@ class RunWriter:
         self.run.dump_dir = self.directory / "rollout_data"
         n = len(truth.sequence_scores)
         owner = SimpleNamespace(global_steps=step)
-        extra = {
+        extra = {  # the keys this recipe's reward returns, including its two text fields
             "acc": [bool(s) for s in truth.sequence_scores],
-            "format_ok": [float(i % 2 == 0) for i in range(n)],
+            "format": [float(i % 2 == 0) for i in range(n)],
+            "pred": [str(i + step) for i in range(n)],
+            "fail_reason": ["" if s else "wrong_answer" for s in truth.sequence_scores],
         }
         with contextlib.redirect_stdout(io.StringIO()):
             self.verl.dump_generations(

@@ -91,6 +91,24 @@ def test_window_outside_the_run_is_missing_data(runs) -> None:
     assert main(argv) == 2
 
 
+def test_candidate_that_stopped_inside_the_window_does_not_pass(runs, run_writer, capsys) -> None:
+    baseline, _, _ = runs
+    crashed = run_writer("crashed", seed=21)
+    crashed.segment(range(1, 10))  # same numbers as the baseline, but the log ends after step 9
+    argv = ["--baseline", str(baseline.directory), "--candidate", str(crashed.run.directory), "--window", "5:14"]
+    assert main(argv) == 2
+    out = capsys.readouterr().out
+    throughput_line = next(line for line in out.splitlines() if line.startswith("| throughput"))
+    assert "(n=10)" in throughput_line
+    assert "(n=5)" in throughput_line
+    assert "MISSING DATA (the runs logged this metric on different numbers of steps" in throughput_line
+    assert "the candidate is incomplete" in throughput_line
+    assert "REGRESSION" not in out  # means over different steps are not compared at all
+    assert out.rstrip().endswith("ERROR: missing data")
+    # the same run compared over the steps both logged passes
+    assert main([*argv[:-1], "5:9"]) == 0
+
+
 @pytest.mark.parametrize(
     "argv",
     [

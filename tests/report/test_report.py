@@ -101,7 +101,8 @@ def test_reward_components_come_from_the_generation_dumps(run_writer) -> None:
     for step, truth in writer.run.truth.items():
         assert run.reward_components["rollout_data/acc"][step] == pytest.approx(np.mean(truth.sequence_scores))
         assert run.reward_components["rollout_data/score"][step] == pytest.approx(np.mean(truth.sequence_scores))
-        assert run.reward_components["rollout_data/format_ok"][step] == pytest.approx(0.5)
+        assert run.reward_components["rollout_data/format"][step] == pytest.approx(0.5)
+    assert not any(name.endswith(("/pred", "/fail_reason")) for name in run.reward_components)  # text, not curves
 
 
 def test_truncated_log_keeps_complete_values_and_reports_the_rest(run_writer, tmp_path: Path) -> None:

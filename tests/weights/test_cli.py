@@ -26,3 +26,28 @@ def test_make_tiny_then_all_end_to_end(tmp_path: Path, capsys: pytest.CaptureFix
 def test_errors_are_reported_not_raised(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["fp8-to-bf16", str(tmp_path / "missing"), str(tmp_path / "out"), "--quiet"]) == 1
     assert "is not a directory" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_all_resumes_after_a_kill_in_the_middle(tiny_fp8, tmp_path: Path) -> None:
+    """The one-command path: `all` killed mid-way through the FP8 -> BF16 step, rerun, ends with verified outputs."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from r1_ascend.weights.dequant import FAULT_ENV
+
+    out = tmp_path / "out"
+    code = "import sys; from r1_ascend.weights.cli import main; sys.exit(main(sys.argv[1:]))"
+    cmd = [sys.executable, "-c", code, "all", str(tiny_fp8.path), str(out), "--ep", "2", "--quiet"]
+    killed = subprocess.run(cmd, env={**os.environ, FAULT_ENV: "60"}, capture_output=True, check=False)
+    assert killed.returncode == -signal.SIGKILL
+    assert not (out / "mcore").exists()
+    resumed = subprocess.run([*cmd, "--verify"], capture_output=True, text=True, check=False)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "already complete" in resumed.stderr  # finished shards were kept, not redone
+    cfg = json.loads((out / "hf-bf16" / "config.json").read_text())
+    assert cfg["num_nextn_predict_layers"] == 0
+    assert "quantization_config" not in cfg
+    assert (out / "mcore" / "metadata.json").exists()

@@ -152,3 +152,12 @@ def test_parallel_workers_write_identical_shards(tiny_fp8, tiny_bf16: Path, tmp_
     convert_fp8_to_bf16(tiny_fp8.path, tmp_path / "par", workers=2, progress=False)
     for shard in tiny_bf16.glob("*.safetensors"):
         assert (tmp_path / "par" / shard.name).read_bytes() == shard.read_bytes()
+
+
+def test_overwrite_never_deletes_a_source_inside_the_output(tiny_fp8, tmp_path: Path) -> None:
+    src = tmp_path / "models" / "fp8"
+    shutil.copytree(tiny_fp8.path, src)
+    before = sorted(p.name for p in src.iterdir())
+    with pytest.raises(OutputExistsError, match="contains the source checkpoint"):
+        convert_fp8_to_bf16(src, tmp_path / "models", overwrite=True, progress=False)
+    assert sorted(p.name for p in src.iterdir()) == before

@@ -115,3 +115,15 @@ def test_item_writer_supports_the_torch_signature_of_the_npu_image(monkeypatch: 
     monkeypatch.setattr(mcore_writer, "dcp_write_item", lambda stream, data: None)
     with pytest.raises(CheckpointFormatError, match="does not know"):
         mcore_writer._item_writer()
+
+
+def test_overwrite_never_deletes_the_source(tiny_bf16: Path, tmp_path: Path) -> None:
+    import shutil
+
+    src = tmp_path / "hf"
+    shutil.copytree(tiny_bf16, src)
+    before = sorted(p.name for p in src.iterdir())
+    for dst in (src, tmp_path):
+        with pytest.raises(OutputExistsError, match="contains the source checkpoint"):
+            convert_hf_to_megatron(src, dst, overwrite=True, progress=False)
+    assert sorted(p.name for p in src.iterdir()) == before
