@@ -75,13 +75,28 @@ def stack_rows(npu_present: bool) -> list[Row]:
         else:
             verdict = "FAIL"
         rows.append(Row(check.distribution, check.pinned, found, verdict))
-    mindspeed = installed_version("mindspeed")
-    commit = pins()["sources"]["mindspeed"]["commit"]
-    if mindspeed is None:
-        rows.append(Row("mindspeed", commit[:8], "-", "FAIL" if npu_present else "note"))
-    else:
-        rows.append(Row("mindspeed", commit[:8], f"installed ({mindspeed}; commit not recorded)", "ok"))
+    rows.append(_mindspeed_row(npu_present))
     return rows
+
+
+def _mindspeed_row(npu_present: bool) -> Row:
+    """MindSpeed is not on PyPI: check the checkout's commit and the registration mindspeed_torch_compile needs."""
+    from r1_ascend.mindspeed_source import find_mindspeed
+
+    commit = str(pins()["sources"]["mindspeed"]["commit"])
+    source = find_mindspeed()
+    if source is None:
+        return Row("mindspeed", commit[:8], "-", "FAIL" if npu_present else "note")
+    problems = []
+    if source.commit is None:
+        problems.append(f"commit unknown ({source.package_dir} is not in a git checkout)")
+    elif source.commit != commit:
+        problems.append(f"checkout at {source.commit[:8]}")
+    if not source.registers_torch_compile:
+        problems.append("no torch.compile registration in features_manager/megatron_basic/requirements_basic.py")
+    if problems:
+        return Row("mindspeed", commit[:8], "; ".join(problems), "FAIL")
+    return Row("mindspeed", commit[:8], f"{source.commit[:8] if source.commit else ''} at {source.package_dir}", "ok")
 
 
 def environment_rows(npu_present: bool) -> list[Row]:
