@@ -4,6 +4,11 @@ Ray rewrites 127.0.0.1 to the host's network address, so the nodes use 127.0.0.2
 given to the script through NODE_IP (which skips the NIC lookup). Ports are chosen free, every test has its own Ray
 temp dir, and everything is stopped through the script's own `stop` (the PIDs it recorded) - never `ray stop`,
 which would stop every Ray on the machine.
+
+Ray 2.46 binds its servers to the wildcard address whatever it is told (fixed upstream in ray-project/ray#55484).
+So the cluster runs in a network namespace of its own whose only interface is loopback: there, a wildcard bind
+listens on 127.0.0.0/8 and nothing else, which the test checks. (Where namespaces cannot be created, the test
+checks what it can on the host: no bind to a specific non-loopback address and no connection leaving loopback.)
 """
 
 from __future__ import annotations
@@ -32,6 +37,28 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.fixture
+def netns():
+    """The command prefix that runs a process in a fresh loopback-only network namespace ([] if unavailable)."""
+    name = f"r1rt-{uuid.uuid4().hex[:8]}"
+    made = subprocess.run(["ip", "netns", "add", name], capture_output=True, check=False)
+    if made.returncode != 0:
+        yield []
+        return
+    prefix = ["ip", "netns", "exec", name]
+    try:
+        subprocess.run([*prefix, "ip", "link", "set", "lo", "up"], check=True, capture_output=True)
+        yield prefix
+    finally:
+        subprocess.run(["ip", "netns", "delete", name], check=False, capture_output=True)
+
+
+def _namespace_addresses(prefix: list[str]) -> list[str]:
+    """Every IP address configured in the namespace the prefix runs in."""
+    out = subprocess.run([*prefix, "ip", "-o", "addr", "show"], capture_output=True, text=True, check=True).stdout
+    return [line.split()[3].split("/")[0] for line in out.splitlines()]
 
 
 @pytest.fixture
@@ -121,10 +148,10 @@ def _decode(hex_addr: str) -> str:
     return str(ipaddress.IPv6Address(b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))))
 
 
-def _tcp_sockets(inodes: set[str]) -> list[tuple[str, str, str]]:
-    """(state, local address, remote address) of the TCP sockets with these inodes."""
+def _tcp_sockets(inodes: set[str], pid: int) -> list[tuple[str, str, str]]:
+    """(state, local address, remote address) of the TCP sockets with these inodes, in ``pid``'s network namespace."""
     found = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    for table in (f"/proc/{pid}/net/tcp", f"/proc/{pid}/net/tcp6"):
         for line in Path(table).read_text().splitlines()[1:]:
             cols = line.split()
             if cols[9] in inodes:
@@ -139,13 +166,17 @@ def _is_loopback_or_wildcard(addr: str) -> bool:
     return ip.is_loopback or ip.is_unspecified
 
 
-def test_head_waits_for_all_npus_then_launches(cluster_env):
+def test_head_waits_for_all_npus_then_launches(cluster_env, netns):
     envs, marker, temp_dirs = cluster_env
-    head = subprocess.Popen(["bash", str(SCRIPT)], env=envs["head"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    head = subprocess.Popen(
+        [*netns, "bash", str(SCRIPT)], env=envs["head"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
     # Both "nodes" share this host and Ray's session directory: let the head finish starting before the worker joins
     # (on a real cluster the nodes are separate hosts and may start in any order; the worker retries).
     _wait_for_text(Path(envs["head"]["R1_ASCEND_RUN_DIR"]) / f"ray-head-{HEAD_IP}.log", "Ray runtime started", head)
-    worker = subprocess.run(["bash", str(SCRIPT)], env=envs["worker"], capture_output=True, text=True, timeout=120)
+    worker = subprocess.run(
+        [*netns, "bash", str(SCRIPT)], env=envs["worker"], capture_output=True, text=True, timeout=120
+    )
     assert worker.returncode == 0, worker.stdout + worker.stderr
     assert "joined the Ray cluster" in worker.stdout
     out, _ = head.communicate(timeout=120)
@@ -158,29 +189,36 @@ def test_head_waits_for_all_npus_then_launches(cluster_env):
 
     pids = [p for temp in temp_dirs.values() for p in _pids_under(temp)]
     assert pids, "no Ray processes found under the test's temp dirs"
-    sockets = _tcp_sockets(set().union(*(_socket_inodes(p) for p in pids)))
+    sockets = _tcp_sockets(set().union(*(_socket_inodes(p) for p in pids)), pids[0])
     listening = [local for state, local, _ in sockets if state == "0A"]
     assert listening
-    # Ray 2.46 binds its gRPC servers to the wildcard address (fixed upstream in ray-project/ray#55484); nothing
-    # may be bound to a specific non-loopback address, and no connection may leave loopback.
+    # No bind to a specific non-loopback address, and no connection leaving loopback.
     assert all(_is_loopback_or_wildcard(addr) for addr in listening), listening
     connected = [(local, remote) for state, local, remote in sockets if state == "01"]
     assert all(_is_loopback_or_wildcard(remote) for _, remote in connected), connected
+    if netns:
+        # Ray's wildcard binds are inside a namespace whose only addresses are loopback: nothing listens outside
+        # 127.0.0.0/8 (or ::1).
+        addresses = _namespace_addresses(netns)
+        assert addresses, "the namespace has no address at all"
+        assert all(ipaddress.ip_address(a).is_loopback for a in addresses), addresses
 
-    stop = subprocess.run(["bash", str(SCRIPT), "stop"], env=envs["head"], capture_output=True, text=True, timeout=90)
+    stop = subprocess.run(
+        [*netns, "bash", str(SCRIPT), "stop"], env=envs["head"], capture_output=True, text=True, timeout=90
+    )
     assert stop.returncode == 0, stop.stderr
     for temp in temp_dirs.values():
         assert _pids_under(temp) == [], f"Ray processes left under {temp}"
     assert not list(Path(envs["head"]["R1_ASCEND_RUN_DIR"]).glob("*.pid"))
 
 
-def test_head_times_out_naming_the_missing_node(cluster_env):
+def test_head_times_out_naming_the_missing_node(cluster_env, netns):
     envs, marker, temp_dirs = cluster_env
     env = {**envs["head"], "NODE_IPS": f"{HEAD_IP},{WORKER_IP}", "RAY_WAIT_TIMEOUT": "6"}
-    head = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=120)
+    head = subprocess.run([*netns, "bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=120)
     assert head.returncode == 1
     assert "timeout after 6 s" in head.stderr
     assert f"1 of 2 nodes missing or without 16 NPUs: {WORKER_IP}" in head.stderr
     assert not marker.exists()
-    subprocess.run(["bash", str(SCRIPT), "stop"], env=envs["head"], check=True, capture_output=True, timeout=90)
+    subprocess.run([*netns, "bash", str(SCRIPT), "stop"], env=envs["head"], check=True, capture_output=True, timeout=90)
     assert _pids_under(temp_dirs["head"]) == []
