@@ -82,6 +82,12 @@ def plan_shards(ckpt: HFCheckpoint, *, drop_mtp: bool) -> list[ShardPlan]:
                 continue
             if drop_mtp and is_mtp_tensor(entry.name, ckpt.num_hidden_layers):
                 continue
+            if entry.dtype == "F8_E5M2":
+                msg = (
+                    f"{file}: tensor {entry.name!r} is float8 e5m2; DeepSeek-V3 checkpoints are block-scaled e4m3 "
+                    f"(float8_e4m3fn with weight_scale_inv). This is not a checkpoint fp8-to-bf16 can convert exactly."
+                )
+                raise CheckpointFormatError(msg)
             dtype = "BF16" if entry.dtype == "F8_E4M3" else entry.dtype
             entries.append((entry.name, dtype, entry.shape))
         plans.append(ShardPlan(file, ordered_layout(entries), input_bytes))

@@ -129,6 +129,20 @@ def test_missing_scale_is_an_error_not_a_silent_fp8_copy(tiny_fp8, tmp_path: Pat
         convert_fp8_to_bf16(src, tmp_path / "out", progress=False)
 
 
+def test_e5m2_tensor_is_refused_not_copied(tmp_path: Path) -> None:
+    """float8 e5m2 is not DeepSeek's format: refusing it beats writing FP8 bytes into a 'BF16' checkpoint."""
+    from safetensors.torch import save_file
+
+    src = tmp_path / "src"
+    src.mkdir()
+    save_file({"model.embed_tokens.weight": torch.zeros(4, 4, dtype=torch.float8_e5m2)}, src / "model.safetensors")
+    weight_map = {"model.embed_tokens.weight": "model.safetensors"}
+    (src / INDEX).write_text(json.dumps({"metadata": {"total_size": 16}, "weight_map": weight_map}))
+    (src / "config.json").write_text(json.dumps({"model_type": "deepseek_v3", "num_hidden_layers": 1}))
+    with pytest.raises(CheckpointFormatError, match="e5m2"):
+        convert_fp8_to_bf16(src, tmp_path / "out", progress=False)
+
+
 @pytest.mark.slow
 def test_resume_after_kill(tiny_fp8, tmp_path: Path) -> None:
     out = tmp_path / "out"
