@@ -11,10 +11,13 @@ looks like a checkpoint.
 from __future__ import annotations
 
 import inspect
+import io
 import json
 import logging
+import math
 import multiprocessing as mp
 import os
+import signal
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -112,6 +115,15 @@ class _LazyResolver:
             self.bar(chunk.numel() * chunk.element_size())
         return chunk
 
+    def skip(self, items: list[WriteItem]) -> None:
+        """Count items already on disk (a resumed rank file) as done, without reading their sources."""
+        if self.bar is None:
+            return
+        for item in items:
+            if item.type != WriteItemType.BYTE_IO:
+                t, p = self.pieces[(item.index.fqn, tuple(item.index.offset))]
+                self.bar(math.prod(p.sizes) * torch.empty((), dtype=t.dtype).element_size())
+
 
 def _rank_items(plan: MegatronPlan) -> dict[int, list[WriteItem]]:
     out: dict[int, list[WriteItem]] = {}
@@ -146,25 +158,77 @@ def _item_writer() -> Any:
     raise CheckpointFormatError(msg)
 
 
+#: Test hook: SIGKILL the converter after this many rank files (resume tests), like FAULT_ENV in dequant.
+RANK_FAULT_ENV = "R1_ASCEND_MCORE_KILL_AFTER_RANKS"
+
+
+def _results_path(dst: Path, rank: int) -> Path:
+    """Sidecar holding the DCP WriteResults of a finished rank file (the metadata needs them)."""
+    return dst / f".__{rank}_0.results.pt"
+
+
+def finished_rank_results(dst: Path, rank: int, items: list[WriteItem]) -> list[Any] | None:
+    """The WriteResults of a rank file finished by an earlier run, or None if it must be (re)written.
+
+    A rank file counts as finished when it was renamed into place, its sidecar lists exactly the items this plan
+    puts in that rank, and the file is exactly as long as the records the sidecar describes.
+    """
+    path, sidecar = dst / f"__{rank}_0.distcp", _results_path(dst, rank)
+    if not (path.is_file() and sidecar.is_file()):
+        return None
+    try:
+        results = torch.load(sidecar, weights_only=False)
+    except Exception:  # a torn or foreign sidecar: rewrite the rank rather than trust it
+        return None
+    if sorted(str(r.index) for r in results) != sorted(str(i.index) for i in items):
+        return None
+    end = max((r.storage_data.offset + r.storage_data.length for r in results), default=0)
+    return results if path.stat().st_size == end else None
+
+
 def write_rank_file(dst: Path, rank: int, items: list[WriteItem], resolver: _LazyResolver) -> list[Any]:
     """One ``__{rank}_0.distcp`` in DCP's byte format (``torch.save`` per item, offsets in the metadata).
 
     DCP's ``FileSystemWriter.write_data`` keeps a reference to every tensor it wrote until the file is closed,
     which would hold a whole rank in memory; this loop writes the same records with torch's own item writer
-    and drops each tensor as soon as it is on disk.
+    and drops each tensor as soon as it is on disk. The file is written under a temporary name and renamed when
+    complete, then its WriteResults are saved next to it, so a rerun after a kill keeps every finished rank file.
     """
     name = f"__{rank}_0.distcp"
+    done = finished_rank_results(dst, rank, items)
+    if done is not None:
+        resolver.skip(items)
+        return done
     write_one = _item_writer()
     results = []
-    with (dst / name).open("wb") as stream:
+    tmp = dst / f".{name}.tmp-{os.getpid()}"
+    with tmp.open("wb") as stream:
         for item in items:
             data = resolver.resolve_data(item)
             results.append(write_one(stream, data, item, name))
             del data
         stream.flush()
         os.fsync(stream.fileno())
+    tmp.replace(dst / name)
+    buffer = io.BytesIO()
+    torch.save(results, buffer)
+    write_atomically(_results_path(dst, rank), buffer.getvalue())
     resolver._cached = None
+    _maybe_kill_after_rank()
     return results
+
+
+_ranks_written = 0
+
+
+def _maybe_kill_after_rank() -> None:
+    global _ranks_written
+    limit = os.environ.get(RANK_FAULT_ENV)
+    if limit is None:
+        return
+    _ranks_written += 1
+    if _ranks_written >= int(limit):
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _write_ranks(src: str, dst: str, layout: Layout, extra_state: bool, ranks: list[int], queue: Any) -> list[Any]:
@@ -233,8 +297,8 @@ def convert_hf_to_megatron(
         if (dst / "metadata.json").exists() and (dst / ".metadata").exists():
             log.info("%s is already a complete conversion of %s; nothing to do", dst, src)
             return MegatronResult(dst, len(plan.tensors), len(plan.extra_states), 0, 0.0, skipped=True)
-        for stale in list(dst.glob("__*.distcp")) + list(dst.glob(".metadata*")) + [dst / "common.pt"]:
-            stale.unlink(missing_ok=True)  # DCP files of a killed run: redone (a rank file is not resumable)
+        for stale in [*dst.glob(".__*.distcp.tmp-*"), *dst.glob(".metadata*"), dst / "common.pt"]:
+            stale.unlink(missing_ok=True)  # partial files of a killed run; finished rank files are kept and reused
     items = _rank_items(plan)
     ranks = sorted(items)
     bar = Progress("to-megatron", total_bytes, enabled=progress)
@@ -252,6 +316,8 @@ def convert_hf_to_megatron(
     common = dst / "common.pt"
     torch.save({}, common)
     write_atomically(dst / "metadata.json", json.dumps(MCORE_METADATA).encode())
+    for sidecar in dst.glob(".__*_0.results.pt"):
+        sidecar.unlink()  # the metadata now holds what they recorded
     bar.finish()
     return MegatronResult(dst, len(plan.tensors), len(plan.extra_states), total_bytes, time.monotonic() - start)
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,61 @@ def test_overwrite_never_deletes_the_source(tiny_bf16: Path, tmp_path: Path) -> 
         with pytest.raises(OutputExistsError, match="contains the source checkpoint"):
             convert_hf_to_megatron(src, dst, overwrite=True, progress=False)
     assert sorted(p.name for p in src.iterdir()) == before
+
+
+@pytest.mark.slow
+def test_killed_conversion_keeps_finished_rank_files(tiny_bf16: Path, tmp_path: Path) -> None:
+    """to-megatron killed after one rank file resumes from there; the result loads and matches the source."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from r1_ascend.weights.mcore_writer import RANK_FAULT_ENV
+
+    out = tmp_path / "mcore"
+    code = "import sys; from r1_ascend.weights.cli import main; sys.exit(main(sys.argv[1:]))"
+    cmd = [sys.executable, "-c", code, "to-megatron", str(tiny_bf16), str(out), "--ep", "2", "--pp", "2", "--quiet"]
+    killed = subprocess.run(cmd, env={**os.environ, RANK_FAULT_ENV: "1"}, capture_output=True, check=False)
+    assert killed.returncode == -signal.SIGKILL
+    first = sorted(out.glob("__*_0.distcp"))
+    assert len(first) == 1, "exactly one finished rank file before the kill"
+    kept = first[0].stat().st_ino
+    assert not (out / "metadata.json").exists()
+
+    resumed = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert resumed.returncode == 0, resumed.stderr
+    assert first[0].stat().st_ino == kept, "the finished rank file was reused, not rewritten"
+    assert len(list(out.glob("__*_0.distcp"))) == 4
+    assert not list(out.glob(".__*")), "temporary files and result sidecars are gone"
+    assert verify_megatron(out, tiny_bf16, [Layout()]) > 0
+
+
+def test_torn_rank_file_is_rewritten(tiny_bf16: Path, tmp_path: Path) -> None:
+    """A rank file whose length disagrees with its recorded results is not trusted on resume."""
+    from r1_ascend.weights.mcore_writer import _rank_items, finished_rank_results
+    from r1_ascend.weights.mcore_writer import _results_path as results_path
+
+    out = tmp_path / "mcore"
+    convert_hf_to_megatron(tiny_bf16, out, Layout(ep=2), progress=False)
+    plan = build_plan(HFCheckpoint(tiny_bf16).config, Layout(ep=2), extra_state=True)
+    items = _rank_items(plan)[0]
+    rank_file = out / "__0_0.distcp"
+    with (out / ".metadata").open("rb") as f:
+        results = list(pickle.load(f).storage_data.items())  # DCP writes its metadata with pickle
+    assert results  # the metadata records where each item is
+    torch.save(
+        [_FakeResult(index, info) for index, info in results if info.relative_path == rank_file.name],
+        results_path(out, 0),
+    )
+    assert finished_rank_results(out, 0, items) is not None
+    with rank_file.open("ab") as f:
+        f.write(b"torn")
+    assert finished_rank_results(out, 0, items) is None
+
+
+class _FakeResult:
+    """The two fields of a DCP WriteResult that resume reads."""
+
+    def __init__(self, index: object, storage_data: object) -> None:
+        self.index, self.storage_data = index, storage_data
