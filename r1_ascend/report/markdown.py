@@ -82,7 +82,11 @@ def render_report(
         out.append(f"Training steps logged: {len(training)} (steps {training[0]}–{training[-1]}).")
     else:
         out.append("Training steps logged: none (only validation lines were found).")
-    out.append(f"Averaging window: steps {table.window.describe()} (inclusive); {len(table.window_steps)} step(s).")
+    chosen = table.window.describe()
+    if table.window_steps:
+        actual = f"{min(table.window_steps)}–{max(table.window_steps)}"
+        chosen = actual if chosen == actual else f"{chosen}, i.e. {actual}"
+    out.append(f"Averaging window: steps {chosen} (inclusive); {len(table.window_steps)} step(s).")
     out.append("")
     out += _resume_section(run)
     out += ["## Timing per step", ""]
@@ -156,9 +160,10 @@ def _validation_section(run: RunData) -> list[str]:
             continue
         steps, values = run.series(key)
         if steps:
+            best = max(range(len(values)), key=values.__getitem__)
             rows.append(
                 f"| {_escape(match['source'])} | {match['var']} mean@{match['n']} | {fmt(values[0], 4)} (step "
-                f"{steps[0]}) | {fmt(values[-1], 4)} (step {steps[-1]}) | {fmt(max(values), 4)} |"
+                f"{steps[0]}) | {fmt(values[-1], 4)} (step {steps[-1]}) | {fmt(values[best], 4)} (step {steps[best]}) |"
             )
     if not rows:
         return ["## Validation", "", f"{NOT_LOGGED}: no `val-core/<source>/<var>/mean@N` metrics were logged.", ""]
@@ -167,6 +172,8 @@ def _validation_section(run: RunData) -> list[str]:
 
 
 def _figures_section(figures: list[FigureResult]) -> list[str]:
+    if not figures:  # --no-figures
+        return []
     lines = ["## Curves", ""]
     for figure in figures:
         if figure.written:

@@ -92,6 +92,23 @@ def test_report_on_fixture_run_writes_table_figures_and_samples(run_writer, tmp_
         assert f"]({name}.png)" in report
     printed = capsys.readouterr().out
     assert "mean over steps 3–10" in printed
+    # best validation value and its step, computed from the fixture
+    for source in run.truth[last_val_step].val_acc:
+        history = [(t.val_acc[source], s) for s, t in sorted(run.truth.items()) if t.val_acc]
+        best_value, best_step = max(history, key=lambda pair: pair[0])  # first step reaching the maximum
+        line = next(line for line in report.splitlines() if line.startswith(f"| {source} | acc mean@"))
+        assert line.rstrip().endswith(f"| {best_value:.4f} (step {best_step}) |"), line
+
+
+def test_default_window_names_the_actual_steps_and_no_figures_means_no_curves(run_writer, tmp_path: Path) -> None:
+    writer = run_writer("plain", seed=5)
+    writer.segment(range(1, 7), tensorboard=False, dumps=False)
+    out = tmp_path / "out"
+    assert main([str(writer.run.directory), "--out", str(out), "--no-figures"]) == 0
+    report = (out / "report.md").read_text(encoding="utf-8")
+    assert "Averaging window: steps first–last, i.e. 1–6 (inclusive); 6 step(s)." in report
+    assert "## Curves" not in report
+    assert not list(out.glob("*.png"))
 
 
 def test_reward_components_come_from_the_generation_dumps(run_writer) -> None:
