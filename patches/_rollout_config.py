@@ -69,17 +69,20 @@ def vllm_engine_kwargs(config: Any) -> Mapping[str, Any]:
     return engine_kwargs.get("vllm") or {}
 
 
-def check_engine_options(config: Any, *, model_type: str, is_moe: bool, dp_size: int) -> list[str]:
+def check_engine_options(
+    config: Any, *, model_type: str, is_moe: bool, dp_size: int, dp_groups: bool = True
+) -> list[str]:
     """Engine options vllm-ascend 0.9.1 needs for this model and layout; one message per problem.
 
     Mirrors ``vllm_ascend.ascend_config.check_ascend_config`` (which raises deep inside engine construction) and
     the needs of the ``vllm_dp_ep_groups`` patch:
     - DeepSeek models without ``enforce_eager`` must use TorchAir graph mode (ACL graph raises for DeepSeek);
       TorchAir graph mode is only for DeepSeek models and cannot be combined with ``enforce_eager``;
-    - with DP > 1, MoE experts must be sharded over all ranks (``enable_expert_parallel``), and
-      ``additional_config.refresh`` must be true: building the DP/EP groups before ``LLM()`` initialises
-      vllm-ascend's global ``AscendConfig`` with defaults, which ``LLM()`` would otherwise keep (silently ignoring
-      the TorchAir and scheduler settings).
+    - with DP > 1 and the ``vllm_dp_ep_groups`` patch active (``dp_groups``), MoE experts must be sharded over all
+      ranks (``enable_expert_parallel``), and ``additional_config.refresh`` must be true: building the DP/EP groups
+      before ``LLM()`` initialises vllm-ascend's global ``AscendConfig`` with defaults, which ``LLM()`` would
+      otherwise keep (silently ignoring the TorchAir and scheduler settings). With that patch disabled every TP group
+      runs its own engine, and neither applies.
     """
     kwargs = vllm_engine_kwargs(config)
     additional = kwargs.get("additional_config") or {}
@@ -110,7 +113,7 @@ def check_engine_options(config: Any, *, model_type: str, is_moe: bool, dp_size:
                 f"torchair_graph_config.graph_batch_sizes {sizes} does not contain max_num_seqs "
                 f"({config.max_num_seqs}): full decode batches would fall outside every captured graph; add it"
             )
-    if dp_size > 1:
+    if dp_size > 1 and dp_groups:
         if is_moe and not kwargs.get("enable_expert_parallel", False):
             problems.append(
                 f"rollout DP size {dp_size} with a MoE model but {prefix}.enable_expert_parallel is not true: every DP "

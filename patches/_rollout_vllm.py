@@ -263,8 +263,14 @@ def _check_engine_options_for(rollout_config: Any, model_config: Any) -> None:
     experts = getattr(hf_config, "n_routed_experts", None) or getattr(hf_config, "num_experts", None) or 0
     world = dist.get_world_size() if dist.is_initialized() else 1
     dp_size = max(world // int(rollout_config.tensor_model_parallel_size), 1)
+    from ._apply import applied_names
+
     problems = check_engine_options(
-        rollout_config, model_type=str(getattr(hf_config, "model_type", "")), is_moe=experts > 0, dp_size=dp_size
+        rollout_config,
+        model_type=str(getattr(hf_config, "model_type", "")),
+        is_moe=experts > 0,
+        dp_size=dp_size,
+        dp_groups="vllm_dp_ep_groups" in applied_names(),
     )
     if problems:
         msg = "rollout engine options cannot work on vllm-ascend 0.9.1: " + "; ".join(problems)

@@ -286,6 +286,13 @@ def check_recipe(run: Run) -> Iterator[Finding]:
         yield Finding("recipe_config", OK, f"rollout {rollout.name}/{rollout.mode} on {run.config.trainer.device}")
 
 
+def _patch_enabled(name: str, environ: Mapping[str, str]) -> bool:
+    """Whether the launch environment leaves patch ``name`` switched on (unknown names are reported elsewhere)."""
+    from r1_ascend import envs
+
+    return not envs.disable_all(environ) and name not in envs.disabled_patch_names(environ)
+
+
 def check_rollout_engine(run: Run) -> Iterator[Finding]:
     from r1_ascend.patches._rollout_config import (
         RolloutConfigError,
@@ -304,7 +311,11 @@ def check_rollout_engine(run: Run) -> Iterator[Finding]:
     if run.model is not None:
         dp_size = run.rollout.dp if run.rollout is not None else 1
         problems += check_engine_options(
-            rollout, model_type=run.model.model_type, is_moe=run.model.is_moe, dp_size=dp_size
+            rollout,
+            model_type=run.model.model_type,
+            is_moe=run.model.is_moe,
+            dp_size=dp_size,
+            dp_groups=_patch_enabled("vllm_dp_ep_groups", run.full_env),
         )
     if not str(rollout.load_format).startswith("dummy"):
         problems.append(

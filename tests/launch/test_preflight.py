@@ -169,6 +169,13 @@ def test_engine_options_vllm_ascend_would_reject_are_refused(smoke_inputs, overr
     assert any(expected in message for message in _errors(findings, "rollout_engine")), findings
 
 
+def test_dp_requirements_follow_the_dp_patch_switch(smoke_inputs):
+    """refresh / expert parallel are needed for the DP/EP groups patch, not when it is switched off."""
+    override = f"{ENGINE}.additional_config.refresh=false"
+    _, findings = _findings(smoke_inputs, override, env={**SMOKE_ENV, "R1_ASCEND_DISABLE": "vllm_dp_ep_groups"})
+    assert not any("refresh is not true" in m for m in _errors(findings, "rollout_engine"))
+
+
 def test_free_cache_engine_off_is_refused(smoke_inputs):
     _, findings = _findings(smoke_inputs, "actor_rollout_ref.rollout.free_cache_engine=false")
     assert any("free_cache_engine" in m for m in _errors(findings, "recipe_config"))

@@ -485,3 +485,5 @@ def test_data_parallel_rollout_needs_expert_parallel_and_refresh(kwargs: dict, e
     problems = check_engine_options(config, model_type="deepseek_v3", is_moe=True, dp_size=128)
     assert any(expected in p for p in problems), problems
     assert check_engine_options(config, model_type="deepseek_v3", is_moe=True, dp_size=1) == []
+    # with vllm_dp_ep_groups disabled each TP group runs its own engine: neither requirement applies
+    assert check_engine_options(config, model_type="deepseek_v3", is_moe=True, dp_size=128, dp_groups=False) == []
