@@ -20,8 +20,9 @@ from r1_ascend.report.compare import (
     compare_runs,
     exit_code,
 )
-from r1_ascend.report.markdown import comparison_markdown, fmt, render_report
+from r1_ascend.report.markdown import comparison_markdown, fmt, render_report, status_line
 from r1_ascend.report.run import RunData, RunInputError, load_run
+from r1_ascend.report.run_config import RunConfigError
 from r1_ascend.report.tensorboard_events import TensorboardUnavailableError
 from r1_ascend.report.timing import COLUMNS, TimingTable, Window, build_timing_table, parse_window
 
@@ -87,6 +88,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--name", help="run name shown in the report (default: the first path's name)")
     parser.add_argument(
+        "--config",
+        type=Path,
+        action="append",
+        metavar="YAML",
+        help="the run's composed config, for trainer.total_training_steps when the log lacks verl's "
+        "'Total training steps' line (default: .hydra/config.yaml files inside the run directory)",
+    )
+    parser.add_argument(
         "--dies-per-card", type=_positive_int, default=2, help="NPU dies per card for per-card throughput (A3: 2)"
     )
     parser.add_argument("--samples", type=int, default=3, help="sample generations to show per dump (default 3)")
@@ -142,7 +151,7 @@ def main(argv: list[str]) -> int:
             )
             return EXIT_ERROR
         return _run_report(args)
-    except (RunInputError, TensorboardUnavailableError, OSError) as exc:
+    except (RunInputError, RunConfigError, TensorboardUnavailableError, OSError) as exc:
         print(f"r1-ascend report: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
 
@@ -154,6 +163,7 @@ def _load(paths: list[Path], args: argparse.Namespace, name: str | None = None) 
         samples_wanted=max(args.samples, 0),
         sample_chars=args.sample_chars,
         read_dumps=not args.no_dumps,
+        config_paths=args.config,
     )
 
 
@@ -176,6 +186,7 @@ def _run_report(args: argparse.Namespace) -> int:
         if figure.written:
             print(f"wrote {out_dir / figure.filename}")
     _print_summary(table)
+    print(status_line(run).replace("**", ""))
     if run.problems:
         print(f"note: {len(run.problems)} unreadable log fragment(s) skipped; listed in {report_path}")
     return EXIT_OK

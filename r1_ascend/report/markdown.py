@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from r1_ascend.report import metric_names as mn
+from r1_ascend.report.attempts import COMPLETED, DIED, Attempt
 from r1_ascend.report.compare import CheckResult
 from r1_ascend.report.figures import FigureResult
 from r1_ascend.report.run import RunData, problems_summary
@@ -88,6 +89,7 @@ def render_report(
         chosen = actual if chosen == actual else f"{chosen}, i.e. {actual}"
     out.append(f"Averaging window: steps {chosen} (inclusive); {len(table.window_steps)} step(s).")
     out.append("")
+    out += status_section(run)
     out += _resume_section(run)
     out += ["## Timing per step", ""]
     out.append(
@@ -146,10 +148,73 @@ def _resume_section(run: RunData) -> list[str]:
     lines = ["## Resume points", "", "Later values replace earlier ones for the same step and metric.", ""]
     for point in run.resume_points:
         where = point.source if point.line_no is None else f"{point.source}:{point.line_no}"
-        lines.append(f"- restart at step {point.restart_step}: {point.reason} ({_escape(where)})")
+        rerun = ""
+        if 0 <= point.restart_step < point.previous_max:
+            rerun = f"; steps {point.restart_step + 1}–{point.previous_max} were run again"
+        lines.append(f"- restart at step {point.restart_step}: {point.reason}{rerun} ({_escape(where)})")
     if run.overwritten_values:
         lines.append(f"- {run.overwritten_values} value(s) were replaced by a later log line of the same step")
     return [*lines, ""]
+
+
+def status_line(run: RunData) -> str:
+    """One sentence on how the run (its last attempt) ended."""
+    if not run.attempts:
+        return "Status: no training step was logged."
+    last = run.attempts[-1]
+    planned = last.planned.total if last.planned else None
+    if last.outcome == COMPLETED:
+        return f"Status: completed: reached the planned last step {planned}."
+    if last.outcome == DIED:
+        done = "no step completed" if last.last_step is None else f"last completed step {last.last_step}"
+        of = f"planned last step {planned}" if planned is not None else "planned last step unknown"
+        return f"Status: **DIED during step {last.died_during}** ({done}; {of}). {_error_text(last)}"
+    return (
+        f"Status: ended after step {last.last_step} with no error in the log; the planned last step is unknown "
+        "(no 'Total training steps' line in the log and no config with `trainer.total_training_steps`; "
+        "pass `--config`)."
+    )
+
+
+def _error_text(attempt: Attempt) -> str:
+    if attempt.error is None:
+        after = "the start" if attempt.last_step is None else f"step {attempt.last_step}"
+        return (
+            f"No error line after {after}: the process was stopped from outside (SIGKILL, the OOM killer, a lost "
+            "node, a job time limit) or the log is still being written."
+        )
+    text = f"Error: `{_escape(_clip(attempt.error.text))}` ({_escape(attempt.error.where)})"
+    if attempt.error_wrapper is not None:
+        text += f", reported as `{_escape(_clip(attempt.error_wrapper.text))}`"
+    return text + "."
+
+
+def _clip(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def status_section(run: RunData) -> list[str]:
+    lines = ["## Run status", ""]
+    planned = run.attempts[-1].planned if run.attempts else None
+    if planned is not None:
+        lines.append(f"Planned last step: {planned.total}, from {_escape(planned.origin)}.")
+    lines += [status_line(run), ""]
+    if len(run.attempts) > 1 or any(a.outcome == DIED for a in run.attempts):
+        lines += [
+            "| attempt | started | resumed from | steps logged | ended | error line |",
+            "|---:|---|---:|---|---|---|",
+        ]
+        for attempt in run.attempts:
+            steps = NOT_LOGGED if attempt.last_step is None else f"{attempt.first_step}–{attempt.last_step}"
+            resumed = "" if attempt.resumed_from is None else str(attempt.resumed_from)
+            ended = f"died during step {attempt.died_during}" if attempt.outcome == DIED else attempt.outcome
+            error = ""
+            if attempt.error is not None:
+                error = f"`{_escape(_clip(attempt.error.text, 160))}` ({_escape(attempt.error.where)})"
+            started = f"{attempt.start} ({_escape(attempt.source)}:{attempt.line_no})"
+            lines.append(f"| {attempt.index} | {started} | {resumed} | {steps} | {ended} | {error} |")
+        lines.append("")
+    return lines
 
 
 def _validation_section(run: RunData) -> list[str]:

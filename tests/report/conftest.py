@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from tqdm import tqdm
 
 N_GPUS = 256  # 16 A3 nodes x 16 dies
 BATCH = 8
@@ -27,6 +29,8 @@ RESPONSE_WIDTH = 32
 TRAIN_TOKENS_SEQUENCES = 8192  # 512 prompts x 16 responses, as in the target configuration
 VAL_SOURCES = ("aime24", "math500")
 RAY_PREFIX = "\x1b[36m(TaskRunner pid=48213)\x1b[0m "
+WORKER_PREFIX = "(WorkerDict pid=51007, ip=10.0.0.2) "
+SURVIVED_ERROR = f"{WORKER_PREFIX}[rank3]: RuntimeError: HCCL link check timed out; retrying (attempt 1 of 3)"
 WORKER_NOISE = (
     "\x1b[36m(WorkerDict pid=51007, ip=10.0.0.2)\x1b[0m INFO 11-20 08:01:02 [model_runner.py:1203] Graph capturing "
     "finished in 12 secs"
@@ -54,6 +58,9 @@ class FixtureRun:
     truth: dict[int, StepTruth]
     event_dir: Path | None = None
     dump_dir: Path | None = None
+    # the error line a death left in the log, and the wrapper the driver printed around it
+    error_line: str | None = None
+    error_wrapper: str | None = None
 
 
 @pytest.fixture(scope="session")
@@ -121,7 +128,13 @@ def _validation_metrics(verl: SimpleNamespace, rng: np.random.Generator) -> tupl
 
 
 def _step_metrics(
-    verl: SimpleNamespace, step: int, rng: np.random.Generator, token_scale: float, val: bool, reshard_timer: bool
+    verl: SimpleNamespace,
+    step: int,
+    rng: np.random.Generator,
+    token_scale: float,
+    val: bool,
+    reshard_timer: bool,
+    stage_scale: dict[str, float],
 ) -> tuple[dict[str, float], StepTruth]:
     batch, prompt_lengths, response_lengths, scores = _batch(verl, rng)
     gen_core = float(rng.uniform(400, 480))
@@ -143,6 +156,11 @@ def _step_metrics(
     if val:
         timing["testing"] = float(rng.uniform(60, 90))
     timing["stop_profile"] = 1e-5
+    # a slower stage (the same random draws, so everything else matches a run without the slowdown)
+    for name, scale in stage_scale.items():
+        timing[name] *= scale
+    if "generate_sequences" in stage_scale:
+        timing["gen"] += timing["generate_sequences"] - gen_core
     top_level = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "testing")
     timing["step"] = sum(timing.get(name, 0.0) for name in top_level) + float(rng.uniform(1, 5))
     per_seq = rng.integers(1800, 3400, size=TRAIN_TOKENS_SEQUENCES)
@@ -183,6 +201,47 @@ def _console_lines(verl: SimpleNamespace, metrics: dict[str, float], step: int) 
     return buffer.getvalue()
 
 
+def _drain(buffer: io.StringIO) -> str:
+    """What tqdm wrote since the last call, as Ray forwards it: one prefixed line."""
+    text = buffer.getvalue()
+    buffer.seek(0)
+    buffer.truncate()
+    return f"{RAY_PREFIX}{text.rstrip(chr(10))}\n" if text else ""
+
+
+def _ray_error_tracebacks() -> tuple[str, str, str, str]:
+    """A real verl error inside a worker, and the driver's traceback after Ray re-raised it (ray.get in run_ppo).
+
+    Returns the worker's traceback text, the driver's, the root-cause line and the wrapper line.
+    """
+    import traceback
+
+    import torch
+    from ray.exceptions import RayTaskError
+    from verl.trainer.ppo.core_algos import agg_loss
+
+    try:
+        agg_loss(loss_mat=torch.zeros(2, 3), loss_mask=torch.ones(2, 3), loss_agg_mode="token-mean-per-die")
+    except ValueError as exc:
+        cause = exc
+        worker_traceback = "".join(traceback.format_exception(exc))
+    ray_error = RayTaskError(
+        "TaskRunner.run", worker_traceback, cause, proctitle="ray::TaskRunner.run", pid=48213, ip="10.0.0.1"
+    ).as_instanceof_cause()
+
+    def run_ppo() -> None:  # the driver's ray.get(runner.run.remote(config)) raising the worker's error
+        raise ray_error
+
+    try:
+        run_ppo()
+    except Exception as exc:
+        driver_traceback = "".join(traceback.format_exception(exc, chain=False))
+    lines = [line for line in driver_traceback.splitlines() if line and not line[0].isspace()]
+    wrapper = re.sub(r"\x1b\[[0-9;]*m", "", next(line for line in lines if line.startswith("ray.exceptions.RayTask")))
+    root = worker_traceback.rstrip().splitlines()[-1]
+    return worker_traceback, driver_traceback, root, wrapper
+
+
 @contextlib.contextmanager
 def _tensorboard_dir(path: Path):
     old = os.environ.get("TENSORBOARD_DIR")
@@ -218,9 +277,19 @@ class RunWriter:
         resumed_from: int | None = None,
         reshard_timer: bool = False,
         noise: bool = True,
+        planned: int | None = None,
+        announce_planned: bool = True,
+        death: str | None = None,
+        ray_prefixed_traceback: bool = False,
+        stage_scale: dict[str, float] | None = None,
     ) -> None:
+        """``planned``: verl's total_training_steps (default: the segment's last step); ``death``: None, "error"
+        (a verl exception re-raised through Ray, as the driver prints it) or "kill" (the log just stops mid-step)."""
         verl = self.verl
+        planned = steps[-1] if planned is None else planned
         text = [f"{RAY_PREFIX}Using dataset class: RLHFDataset\n"]
+        if announce_planned:
+            text.append(f"{RAY_PREFIX}Total training steps: {planned}\n")
         adapter = None
         if tensorboard:
             self.run.event_dir = self.directory / "tensorboard_log"
@@ -229,6 +298,7 @@ class RunWriter:
         if resumed_from is not None:
             text.append(f"{RAY_PREFIX}Load from checkpoint folder: checkpoints/global_step_{resumed_from}\n")
             text.append(f"{RAY_PREFIX}Setting global step to {resumed_from}\n")
+            text.append(f"{RAY_PREFIX}Resuming from checkpoints/global_step_{resumed_from}\n")
         if val_before_train_step is not None:
             val_metrics, val_truth = _validation_metrics(verl, self.rng)
             text += [
@@ -242,19 +312,39 @@ class RunWriter:
             self.run.truth[val_before_train_step].val_acc = val_truth
             if adapter:
                 adapter.log(data=val_metrics, step=val_before_train_step)
+        # verl's own progress bar: tqdm(total=total_training_steps, initial=global_steps), updated after each log
+        bar_output = io.StringIO()
+        bar = tqdm(
+            total=planned, initial=steps[0] - 1, desc="Training Progress", file=bar_output, mininterval=0, ascii=True
+        )
+        text.append(_drain(bar_output))
         for step in steps:
             metrics, truth = _step_metrics(
-                verl, step, self.rng, self.token_scale, val=step % test_freq == 0, reshard_timer=reshard_timer
+                verl,
+                step,
+                self.rng,
+                self.token_scale,
+                val=step % test_freq == 0,
+                reshard_timer=reshard_timer,
+                stage_scale=stage_scale or {},
             )
             self.run.truth[step] = truth
             if noise:
-                text.append(f"Training Progress:  {step}%|█         | {step}/100 [12:0{step % 10}<...]\r")
                 text.append(WORKER_NOISE + "\n")
+            if death is not None and step == steps[-1]:
+                # dies inside this step: its metrics line is never printed
+                del self.run.truth[step]
+                text.append(self._death_text(death, ray_prefixed_traceback))
+                break
             text += [RAY_PREFIX + line + "\n" for line in _console_lines(verl, metrics, step).split("\n") if line]
+            bar.update(1)
+            text.append(_drain(bar_output))
             if adapter:
                 adapter.log(data=metrics, step=step)
             if dumps:
                 self._dump(step, truth)
+            if step == steps[0] and death is not None:
+                text.append(SURVIVED_ERROR + "\n")  # an error the run lives through is not its cause of death
         if adapter:
             adapter.finish()
         path = self.directory / log_name
@@ -262,6 +352,16 @@ class RunWriter:
             handle.write("".join(text))
         if path not in self.run.log_files:
             self.run.log_files.append(path)
+
+    def _death_text(self, death: str, ray_prefixed: bool) -> str:
+        if death == "kill":
+            return f"{RAY_PREFIX}test_gen_batch meta info: {{'validate': False}}\n{WORKER_NOISE}"
+        worker_traceback, driver_traceback, root, wrapper = _ray_error_tracebacks()
+        self.run.error_line, self.run.error_wrapper = root, wrapper
+        if ray_prefixed:  # the worker printed its own traceback, which Ray forwards with its prefix
+            worker = "".join(f"{WORKER_PREFIX}{line}\n" for line in worker_traceback.splitlines())
+            return worker + f"{WORKER_NOISE}\n" + driver_traceback
+        return "Error executing job with overrides: ['trainer.total_training_steps=100']\n" + driver_traceback
 
     def _dump(self, step: int, truth: StepTruth) -> None:
         self.run.dump_dir = self.directory / "rollout_data"

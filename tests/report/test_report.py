@@ -173,9 +173,11 @@ def test_tensorboard_only_run(run_writer) -> None:
 
 def test_resumed_run_last_occurrence_wins_and_resume_is_reported(run_writer, tmp_path: Path) -> None:
     writer = run_writer("resumed", seed=8)
-    writer.segment(range(1, 8), log_name="train_part1.log", tensorboard=True)  # crashed after step 7
+    writer.segment(range(1, 8), log_name="train_part1.log", tensorboard=True, planned=10)  # crashed after step 7
     # restart from the step-5 checkpoint: verl validates at step 5, then re-runs 6 and 7 and continues
-    writer.segment(range(6, 11), log_name="train_part2.log", tensorboard=True, resumed_from=5, val_before_train_step=5)
+    writer.segment(
+        range(6, 11), log_name="train_part2.log", tensorboard=True, resumed_from=5, val_before_train_step=5, planned=10
+    )
     truth = writer.run.truth
     run = load_run(writer.run.log_files)
 
