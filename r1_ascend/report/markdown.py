@@ -106,6 +106,7 @@ def render_report(
                 out.append(f"- {column.header} (`{column.source}`): {_step_list(steps)}")
         out.append("")
     out += _validation_section(run)
+    out += _consistency_section(run)
     out += _figures_section(figures)
     out += _samples_section(run)
     if run.problems:
@@ -218,6 +219,7 @@ def status_section(run: RunData) -> list[str]:
 
 
 def _validation_section(run: RunData) -> list[str]:
+    sets: list[tuple[str, str]] = []  # (metric key, column header)
     rows = []
     for key in sorted(run.keys()):
         match = mn.VAL_CORE_MEAN.match(key)
@@ -225,15 +227,57 @@ def _validation_section(run: RunData) -> list[str]:
             continue
         steps, values = run.series(key)
         if steps:
+            sets.append((key, f"{_escape(match['source'])} {match['var']} mean@{match['n']}"))
             best = max(range(len(values)), key=values.__getitem__)
             rows.append(
-                f"| {_escape(match['source'])} | {match['var']} mean@{match['n']} | {fmt(values[0], 4)} (step "
-                f"{steps[0]}) | {fmt(values[-1], 4)} (step {steps[-1]}) | {fmt(values[best], 4)} (step {steps[best]}) |"
+                f"| {_escape(match['source'])} | {match['var']} mean@{match['n']} | {match['n']} | "
+                f"{fmt(values[0], 4)} (step {steps[0]}) | {fmt(values[-1], 4)} (step {steps[-1]}) | "
+                f"{fmt(values[best], 4)} (step {steps[best]}) |"
             )
     if not rows:
         return ["## Validation", "", f"{NOT_LOGGED}: no `val-core/<source>/<var>/mean@N` metrics were logged.", ""]
-    header = ["## Validation", "", "| set | metric | first | last | best |", "|---|---|---:|---:|---:|"]
-    return [*header, *rows, ""]
+    lines = [
+        "## Validation",
+        "",
+        "Mean accuracy over the N samples drawn per problem (`actor_rollout_ref.rollout.val_kwargs.n`), averaged "
+        "over the set's problems (verl's `val-core/<set>/<var>/mean@N`).",
+        "",
+        "| set | metric | samples per problem | first | last | best |",
+        "|---|---|---:|---:|---:|---:|",
+        *rows,
+        "",
+        "Per validation step:",
+        "",
+        "| step | " + " | ".join(header for _, header in sets) + " |",
+        "|---:|" + "---:|" * len(sets),
+    ]
+    val_steps = sorted({s for key, _ in sets for s in run.series(key)[0]})
+    for step in val_steps:
+        cells = " | ".join(fmt(run.steps[step].get(key), 4) for key, _ in sets)
+        lines.append(f"| {step} | {cells} |")
+    return [*lines, ""]
+
+
+def _consistency_section(run: RunData) -> list[str]:
+    prefixes = (mn.ROLLOUT_GUARD_PREFIX, mn.ROLLOUT_PROBS_DIFF_PREFIX, mn.ROLLOUT_ACTOR_PEARSON)
+    keys = [k for k in sorted(run.keys()) if k.startswith(prefixes) and k != mn.ROLLOUT_PROBS_DIFF_VALID]
+    keys = [k for k in keys if run.series(k)[0]]
+    if not keys:
+        return []
+    _, thresholds = run.series(mn.ROLLOUT_GUARD_THRESHOLD)
+    threshold = min(thresholds) if thresholds else None
+    lines = ["## Rollout–actor consistency", ""]
+    if threshold is not None:
+        lines += [f"The guard stops the run above `{mn.ROLLOUT_GUARD_THRESHOLD}` = {threshold:g}.", ""]
+    lines += ["| metric | last | max (step) | steps above threshold |", "|---|---:|---:|---:|"]
+    for key in keys:
+        steps, values = run.series(key)
+        top = max(range(len(values)), key=values.__getitem__)
+        above = NOT_LOGGED
+        if threshold is not None and key.startswith(mn.ROLLOUT_GUARD_PREFIX) and key != mn.ROLLOUT_GUARD_THRESHOLD:
+            above = _step_list([s for s, v in zip(steps, values, strict=True) if v > threshold]) or "none"
+        lines.append(f"| `{key}` | {values[-1]:.4g} | {values[top]:.4g} ({steps[top]}) | {above} |")
+    return [*lines, ""]
 
 
 def _figures_section(figures: list[FigureResult]) -> list[str]:
@@ -289,6 +333,8 @@ def _fenced(text: str) -> str:
 
 
 def _step_list(steps: list[int]) -> str:
+    if not steps:
+        return ""
     if len(steps) <= 12:
         return "steps " + ", ".join(str(s) for s in steps)
     return f"{len(steps)} steps ({steps[0]}–{steps[-1]})"

@@ -15,6 +15,7 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -28,6 +29,9 @@ PROMPT_WIDTH = 16
 RESPONSE_WIDTH = 32
 TRAIN_TOKENS_SEQUENCES = 8192  # 512 prompts x 16 responses, as in the target configuration
 VAL_SOURCES = ("aime24", "math500")
+VAL_PROBLEMS = 2
+# samples per validation problem (val_kwargs.n): verl logs val-core/<set>/acc/mean@2 (its bootstrap is slow)
+VAL_SAMPLES = 2
 RAY_PREFIX = "\x1b[36m(TaskRunner pid=48213)\x1b[0m "
 WORKER_PREFIX = "(WorkerDict pid=51007, ip=10.0.0.2) "
 SURVIVED_ERROR = f"{WORKER_PREFIX}[rank3]: RuntimeError: HCCL link check timed out; retrying (attempt 1 of 3)"
@@ -68,6 +72,7 @@ def verl_modules() -> SimpleNamespace:
     import verl.trainer.ppo.ray_trainer as ray_trainer
     from verl import DataProto
     from verl.trainer.ppo import metric_utils
+    from verl.utils.debug.metrics import calculate_debug_metrics
     from verl.utils.logger import LocalLogger
     from verl.utils.tracking import _TensorboardAdapter
 
@@ -77,6 +82,8 @@ def verl_modules() -> SimpleNamespace:
         LocalLogger=LocalLogger,
         TensorboardAdapter=_TensorboardAdapter,
         dump_generations=ray_trainer.RayPPOTrainer._dump_generations,
+        RayPPOTrainer=ray_trainer.RayPPOTrainer,
+        debug_metrics=calculate_debug_metrics,
     )
 
 
@@ -106,25 +113,104 @@ def _batch(verl: SimpleNamespace, rng: np.random.Generator) -> tuple[object, lis
     return batch, [int(n) for n in prompt_lengths], [int(n) for n in response_lengths], [float(s) for s in scores]
 
 
-def _validation_metrics(verl: SimpleNamespace, rng: np.random.Generator) -> tuple[dict[str, float], dict[str, float]]:
-    """verl's process_validation_metrics, then verl's val-core / val-aux naming (ray_trainer._validate)."""
-    sources, uids, acc, fmt = [], [], [], []
-    for source in VAL_SOURCES:
-        for index in range(6):
-            sources.append(source)
-            uids.append(f"{source}-{index}")
-            acc.append(float(rng.random() < 0.4))
-            fmt.append(float(rng.random() < 0.8))
-    infos = {"reward": list(acc), "acc": acc, "format": fmt, "pred": [str(a) for a in acc]}
-    processed = verl.metric_utils.process_validation_metrics(np.array(sources), uids, infos)
-    metrics = {}
-    for source, var2metric in processed.items():
-        for var, metric2val in var2metric.items():
-            for metric_name, value in metric2val.items():
-                section = "val-core" if var == "acc" and metric_name.startswith("mean") else "val-aux"
-                metrics[f"{section}/{source}/{var}/{metric_name}"] = value
-    truth = {s: float(np.mean([a for a, src in zip(acc, sources, strict=True) if src == s])) for s in VAL_SOURCES}
-    return metrics, truth
+GUARD_THRESHOLD = 0.8
+
+
+def _consistency_metrics(
+    verl: SimpleNamespace, batch: object, rng: np.random.Generator, drift: float
+) -> dict[str, float]:
+    """verl's rollout-vs-actor debug metrics, plus the overlay guard's keys (mean/max |Δ log-prob| and threshold)."""
+    import torch
+
+    mask = batch.batch["response_mask"].bool()
+    actor = -torch.tensor(np.abs(rng.normal(size=tuple(mask.shape))), dtype=torch.float32)
+    rollout = actor + torch.tensor(rng.normal(scale=drift, size=tuple(mask.shape)), dtype=torch.float32)
+    batch.batch["old_log_probs"] = actor
+    batch.batch["rollout_log_probs"] = rollout
+    metrics = verl.debug_metrics(batch)
+    diff = torch.masked_select((actor - rollout).abs(), mask)
+    metrics.update(
+        {
+            "rollout_guard/log_prob_abs_diff_mean": diff.mean().item(),
+            "rollout_guard/log_prob_abs_diff_max": diff.max().item(),
+            "rollout_guard/threshold": GUARD_THRESHOLD,
+        }
+    )
+    return metrics
+
+
+class _ValidationEngine:
+    """Stands in for generation and the reward at verl's worker-group / reward-function boundary.
+
+    ``RayPPOTrainer._validate`` itself runs: it repeats each problem ``val_kwargs.n`` times, pads for the worker
+    group, calls ``generate_sequences`` and the reward function, then names the metrics (``val-core`` /
+    ``val-aux``) through ``process_validation_metrics``.
+    """
+
+    world_size = 1
+
+    def __init__(self, verl: SimpleNamespace, rng: np.random.Generator) -> None:
+        self.verl = verl
+        self.rng = rng
+        self.acc: dict[str, list[float]] = {source: [] for source in VAL_SOURCES}
+
+    def generate_sequences(self, batch):
+        import torch
+
+        size = len(batch.batch)
+        return self.verl.DataProto.from_dict(tensors={"responses": torch.ones(size, 4, dtype=torch.long)})
+
+    def reward(self, batch, return_dict: bool = True) -> dict[str, object]:
+        import torch
+
+        sources = list(batch.non_tensor_batch["data_source"])
+        acc = [float(self.rng.random() < 0.4) for _ in sources]
+        fmt = [float(self.rng.random() < 0.8) for _ in sources]
+        for source, value in zip(sources, acc, strict=True):
+            self.acc[source].append(value)
+        scores = torch.zeros(len(sources), 4)
+        scores[:, -1] = torch.tensor(acc)
+        extra = {"acc": acc, "format": fmt, "pred": [str(int(a)) for a in acc]}
+        return {"reward_tensor": scores, "reward_extra_info": extra}
+
+
+def _validation_metrics(
+    verl: SimpleNamespace, rng: np.random.Generator, step: int
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Metrics from verl's own ``RayPPOTrainer._validate`` (VAL_SAMPLES samples per problem); truth: mean accuracy."""
+    import torch
+    from omegaconf import OmegaConf
+
+    engine = _ValidationEngine(verl, rng)
+    problems = [(source, index) for source in VAL_SOURCES for index in range(VAL_PROBLEMS)]
+    batch = {
+        "input_ids": torch.ones(len(problems), 6, dtype=torch.long),
+        "attention_mask": torch.ones(len(problems), 6, dtype=torch.long),
+        "position_ids": torch.arange(6).repeat(len(problems), 1),
+        "data_source": np.array([source for source, _ in problems], dtype=object),
+        "reward_model": np.array([{"style": "rule", "ground_truth": "1"} for _ in problems], dtype=object),
+    }
+    config = OmegaConf.create(
+        {
+            "actor_rollout_ref": {"rollout": {"val_kwargs": {"n": VAL_SAMPLES, "do_sample": True}}},
+            "reward_model": {"enable": False},
+            "trainer": {"log_val_generations": 0, "validation_data_dir": None},
+        }
+    )
+    owner = SimpleNamespace(
+        config=config,
+        val_dataloader=[batch],
+        tokenizer=SimpleNamespace(decode=lambda ids, skip_special_tokens=True: "x", eos_token_id=2, pad_token_id=0),
+        actor_rollout_wg=engine,
+        async_rollout_mode=False,
+        val_reward_fn=engine.reward,
+        global_steps=step,
+    )
+    owner._get_gen_batch = partial(verl.RayPPOTrainer._get_gen_batch, owner)
+    owner._maybe_log_val_generations = partial(verl.RayPPOTrainer._maybe_log_val_generations, owner)
+    with contextlib.redirect_stdout(io.StringIO()):
+        metrics = verl.RayPPOTrainer._validate(owner)
+    return metrics, {source: float(np.mean(values)) for source, values in engine.acc.items()}
 
 
 def _step_metrics(
@@ -135,8 +221,10 @@ def _step_metrics(
     val: bool,
     reshard_timer: bool,
     stage_scale: dict[str, float],
+    log_prob_drift: float | None = None,
 ) -> tuple[dict[str, float], StepTruth]:
     batch, prompt_lengths, response_lengths, scores = _batch(verl, rng)
+    consistency = _consistency_metrics(verl, batch, rng, log_prob_drift) if log_prob_drift is not None else {}
     gen_core = float(rng.uniform(400, 480))
     timing = {
         "start_profile": 1e-5,
@@ -185,8 +273,9 @@ def _step_metrics(
     }
     truth = StepTruth(step, dict(timing), prompt_lengths, response_lengths, tokens, entropy, kl_loss, memory, scores)
     if val:
-        val_metrics, truth.val_acc = _validation_metrics(verl, rng)
+        val_metrics, truth.val_acc = _validation_metrics(verl, rng, step)
         metrics.update(val_metrics)
+    metrics.update(consistency)
     metrics.update({"training/global_step": step, "training/epoch": 0})
     metrics.update(verl.metric_utils.compute_data_metrics(batch=batch, use_critic=False))
     metrics.update(verl.metric_utils.compute_timing_metrics(batch=batch, timing_raw=timing))
@@ -282,6 +371,7 @@ class RunWriter:
         death: str | None = None,
         ray_prefixed_traceback: bool = False,
         stage_scale: dict[str, float] | None = None,
+        log_prob_drift: Callable[[int], float] | None = None,
     ) -> None:
         """``planned``: verl's total_training_steps (default: the segment's last step); ``death``: None, "error"
         (a verl exception re-raised through Ray, as the driver prints it) or "kill" (the log just stops mid-step)."""
@@ -300,7 +390,7 @@ class RunWriter:
             text.append(f"{RAY_PREFIX}Setting global step to {resumed_from}\n")
             text.append(f"{RAY_PREFIX}Resuming from checkpoints/global_step_{resumed_from}\n")
         if val_before_train_step is not None:
-            val_metrics, val_truth = _validation_metrics(verl, self.rng)
+            val_metrics, val_truth = _validation_metrics(verl, self.rng, val_before_train_step)
             text += [
                 RAY_PREFIX + line + "\n"
                 for line in _console_lines(verl, val_metrics, val_before_train_step).split("\n")
@@ -327,6 +417,7 @@ class RunWriter:
                 val=step % test_freq == 0,
                 reshard_timer=reshard_timer,
                 stage_scale=stage_scale or {},
+                log_prob_drift=None if log_prob_drift is None else log_prob_drift(step),
             )
             self.run.truth[step] = truth
             if noise:

@@ -13,6 +13,8 @@ from r1_ascend.report.cli import main
 from r1_ascend.report.run import RunInputError, load_run
 from r1_ascend.report.timing import build_timing_table, parse_window
 
+from .conftest import VAL_SAMPLES
+
 DIES_PER_CARD = 2
 N_GPUS = 256
 
@@ -187,7 +189,7 @@ def test_resumed_run_last_occurrence_wins_and_resume_is_reported(run_writer, tmp
     # step 5 keeps its training metrics from part 1 and takes the validation of part 2
     assert run.steps[5]["actor/entropy"] == truth[5].entropy
     for source, acc in truth[5].val_acc.items():
-        assert run.steps[5][f"val-core/{source}/acc/mean@1"] == pytest.approx(acc)
+        assert run.steps[5][f"val-core/{source}/acc/mean@{VAL_SAMPLES}"] == pytest.approx(acc)
     assert len(run.resume_points) == 1
     point = run.resume_points[0]
     assert (point.restart_step, point.previous_max) == (5, 7)
