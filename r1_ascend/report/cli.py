@@ -13,9 +13,12 @@ import sys
 from pathlib import Path
 
 from r1_ascend.report.compare import (
+    DEFAULT_STAGE_FLOOR_S,
+    DEFAULT_STAGE_INCREASE,
     DEFAULT_WINDOW,
     EXIT_ERROR,
     EXIT_OK,
+    STAGE_NAMES,
     Thresholds,
     compare_runs,
     exit_code,
@@ -43,6 +46,15 @@ def _threshold(text: str) -> float | None:
         msg = f"expected a non-negative number or 'off', got {text!r}"
         raise argparse.ArgumentTypeError(msg)
     return value
+
+
+def _stage_limit(text: str) -> tuple[str | None, float | None]:
+    """``0.1`` (every stage), ``gen=0.15`` or ``reshard=off``."""
+    stage, sep, value = text.rpartition("=")
+    if sep and stage not in STAGE_NAMES:
+        msg = f"unknown stage {stage!r} in {text!r}: expected one of {', '.join(STAGE_NAMES)} (e.g. gen=0.15)"
+        raise argparse.ArgumentTypeError(msg)
+    return (stage or None), _threshold(value)
 
 
 def _window(text: str) -> Window:
@@ -131,7 +143,31 @@ def build_parser() -> argparse.ArgumentParser:
         default=defaults.max_reward_diff,
         help="largest allowed absolute difference of mean critic/rewards/mean, either direction (default 0.05)",
     )
+    compare.add_argument(
+        "--max-stage-increase",
+        type=_stage_limit,
+        action="append",
+        default=[],
+        metavar="[STAGE=]LIMIT",
+        help=f"largest allowed relative increase of a stage's mean time, for every stage (e.g. 0.1) or one "
+        f"(gen=0.15, reshard=off); stages: {', '.join(STAGE_NAMES)} (default {DEFAULT_STAGE_INCREASE:g} each)",
+    )
+    compare.add_argument(
+        "--stage-noise-floor-s",
+        type=_threshold,
+        default=DEFAULT_STAGE_FLOOR_S,
+        help=f"a stage regresses only if its mean time also grows by more than this many seconds "
+        f"(default {DEFAULT_STAGE_FLOOR_S:g})",
+    )
     return parser
+
+
+def _stage_limits(pairs: list[tuple[str | None, float | None]]) -> dict[str, float | None]:
+    limits: dict[str, float | None] = dict.fromkeys(STAGE_NAMES, DEFAULT_STAGE_INCREASE)
+    for stage, value in pairs:  # in the order given: "0.2" then "gen=off" switches only gen off
+        for name in STAGE_NAMES if stage is None else (stage,):
+            limits[name] = value
+    return limits
 
 
 def main(argv: list[str]) -> int:
@@ -218,7 +254,12 @@ def _run_comparison(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         return EXIT_ERROR
     window = args.window or parse_window(DEFAULT_WINDOW)
     thresholds = Thresholds(
-        args.max_throughput_drop, args.max_step_time_increase, args.max_memory_increase_gb, args.max_reward_diff
+        args.max_throughput_drop,
+        args.max_step_time_increase,
+        args.max_memory_increase_gb,
+        args.max_reward_diff,
+        _stage_limits(args.max_stage_increase),
+        args.stage_noise_floor_s or 0.0,
     )
     baseline = _load(args.baseline, args, "baseline")
     candidate = _load(args.candidate, args, "candidate")

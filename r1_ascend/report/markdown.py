@@ -8,7 +8,7 @@ from pathlib import Path
 
 from r1_ascend.report import metric_names as mn
 from r1_ascend.report.attempts import COMPLETED, DIED, Attempt
-from r1_ascend.report.compare import CheckResult
+from r1_ascend.report.compare import CheckResult, regressed_stages
 from r1_ascend.report.figures import FigureResult
 from r1_ascend.report.run import RunData, problems_summary
 from r1_ascend.report.timing import COLUMNS, RESHARD_DERIVED, RESHARD_FROM_TIMER, TimingTable
@@ -353,6 +353,10 @@ def comparison_markdown(results: list[CheckResult], baseline_name: str, candidat
             f"| {r.metric} | `{r.source}` | {_value_with_n(r.baseline, r.baseline_steps)} | "
             f"{_value_with_n(r.candidate, r.candidate_steps)} | {r.change} | {r.threshold} | {verdict} |"
         )
+    stages = regressed_stages(results)
+    if stages:
+        named = ", ".join(f"{r.metric.split(' time')[0]} ({r.change})" for r in stages)
+        lines += ["", f"Regressed stage(s): {named}."]
     return "\n".join(lines) + "\n"
 
 

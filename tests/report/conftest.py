@@ -246,7 +246,10 @@ def _step_metrics(
     timing["stop_profile"] = 1e-5
     # a slower stage (the same random draws, so everything else matches a run without the slowdown)
     for name, scale in stage_scale.items():
-        timing[name] *= scale
+        if name == "reshard" and "reshard" not in timing:  # no timer: the part of gen outside generate_sequences
+            timing["gen"] += (scale - 1.0) * (timing["gen"] - gen_core)
+        else:
+            timing[name] *= scale
     if "generate_sequences" in stage_scale:
         timing["gen"] += timing["generate_sequences"] - gen_core
     top_level = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "testing")
