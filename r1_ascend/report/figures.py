@@ -10,6 +10,7 @@ from pathlib import Path
 from r1_ascend.report import metric_names as mn
 from r1_ascend.report.figure_style import DPI, build_figure
 from r1_ascend.report.run import RunData
+from r1_ascend.report.timing import RESHARD_DERIVED, reshard_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +135,13 @@ def _stage_panels(run: RunData, _dies: int) -> list[Panel]:
         mn.REF_TIME,
         mn.UPDATE_ACTOR_TIME,
     ]
-    return [Panel("seconds", _pick(run, keys))]
+    series = _pick(run, keys)
+    if mn.RESHARD_TIME not in series:  # stock verl: the derived reshard of the timing table
+        steps = [s for s in run.training_steps() if reshard_seconds(run.steps[s])[1] == RESHARD_DERIVED]
+        if steps:
+            label = f"reshard ({mn.GEN_TIME} - {mn.GENERATE_SEQUENCES_TIME})"
+            series[label] = (steps, [reshard_seconds(run.steps[s])[0] or 0.0 for s in steps])
+    return [Panel("seconds", series)]
 
 
 FIGURES: tuple[FigureSpec, ...] = (

@@ -154,3 +154,26 @@ def test_survived_error_constant_is_an_error_line() -> None:
     # guards the fixture: the survived error must look like an error, or the tests above prove nothing
     events = LifecycleScanner("x").scan(SURVIVED_ERROR, 1, 0)
     assert [e.kind for e in events] == ["error"]
+
+
+def test_restart_from_scratch_after_a_death_before_the_first_checkpoint(run_writer, tmp_path: Path) -> None:
+    writer = run_writer("scratch", seed=17)
+    writer.segment(range(1, 4), log_name="part1.log", planned=6, death="error")  # dies in step 3, no checkpoint yet
+    writer.segment(range(1, 7), log_name="part2.log", planned=6)
+    part2 = writer.run.log_files[1]
+    text = part2.read_text(encoding="utf-8")
+    marker = "Total training steps: 6\n"
+    part2.write_text(text.replace(marker, marker + "(TaskRunner pid=48213) Training from scratch\n", 1), "utf-8")
+    combined = tmp_path / "combined.log"
+    combined.write_text(
+        "".join(p.read_text(encoding="utf-8") for p in writer.run.log_files).replace("Total training steps", "Total"),
+        encoding="utf-8",
+    )
+    run = load_run([combined])
+    assert [a.outcome for a in run.attempts] == [DIED, COMPLETED]
+    assert run.attempts[0].died_during == 3
+    assert run.attempts[0].error is not None
+    assert run.attempts[0].error.text == writer.run.error_line
+    assert run.attempts[1].start.startswith("fresh start")
+    assert [(p.restart_step, p.previous_max) for p in run.resume_points] == [(1, 2)]
+    assert "restarted from scratch" in run.resume_points[0].reason
