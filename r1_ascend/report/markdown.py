@@ -170,8 +170,9 @@ def status_line(run: RunData) -> str:
         done = "no step completed" if last.last_step is None else f"last completed step {last.last_step}"
         of = f"planned last step {planned}" if planned is not None else "planned last step unknown"
         return f"Status: **DIED during step {last.died_during}** ({done}; {of}). {_error_text(last)}"
+    ended = "no training step was logged" if last.last_step is None else f"ended after step {last.last_step}"
     return (
-        f"Status: ended after step {last.last_step} with no error in the log; the planned last step is unknown "
+        f"Status: {ended} with no error in the log; the planned last step is unknown "
         "(no 'Total training steps' line in the log and no config with `trainer.total_training_steps`; "
         "pass `--config`)."
     )

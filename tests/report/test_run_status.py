@@ -177,3 +177,10 @@ def test_restart_from_scratch_after_a_death_before_the_first_checkpoint(run_writ
     assert run.attempts[1].start.startswith("fresh start")
     assert [(p.restart_step, p.previous_max) for p in run.resume_points] == [(1, 2)]
     assert "restarted from scratch" in run.resume_points[0].reason
+
+
+def test_validation_only_log_has_no_training_status(tmp_path: Path) -> None:
+    log = tmp_path / "val_only.log"
+    log.write_text("(TaskRunner pid=1) step:0 - val-core/aime24/acc/mean@2:0.25\n", encoding="utf-8")
+    report = _report([log], tmp_path / "out")
+    assert "Status: no training step was logged with no error in the log" in report
