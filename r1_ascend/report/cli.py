@@ -13,15 +13,19 @@ import sys
 from pathlib import Path
 
 from r1_ascend.report.compare import (
+    DEFAULT_STAGE_FLOOR_S,
+    DEFAULT_STAGE_INCREASE,
     DEFAULT_WINDOW,
     EXIT_ERROR,
     EXIT_OK,
+    STAGE_NAMES,
     Thresholds,
     compare_runs,
     exit_code,
 )
-from r1_ascend.report.markdown import comparison_markdown, fmt, render_report
+from r1_ascend.report.markdown import comparison_markdown, fmt, render_report, status_line
 from r1_ascend.report.run import RunData, RunInputError, load_run
+from r1_ascend.report.run_config import RunConfigError
 from r1_ascend.report.tensorboard_events import TensorboardUnavailableError
 from r1_ascend.report.timing import COLUMNS, TimingTable, Window, build_timing_table, parse_window
 
@@ -42,6 +46,15 @@ def _threshold(text: str) -> float | None:
         msg = f"expected a non-negative number or 'off', got {text!r}"
         raise argparse.ArgumentTypeError(msg)
     return value
+
+
+def _stage_limit(text: str) -> tuple[str | None, float | None]:
+    """``0.1`` (every stage), ``gen=0.15`` or ``reshard=off``."""
+    stage, sep, value = text.rpartition("=")
+    if sep and stage not in STAGE_NAMES:
+        msg = f"unknown stage {stage!r} in {text!r}: expected one of {', '.join(STAGE_NAMES)} (e.g. gen=0.15)"
+        raise argparse.ArgumentTypeError(msg)
+    return (stage or None), _threshold(value)
 
 
 def _window(text: str) -> Window:
@@ -87,6 +100,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--name", help="run name shown in the report (default: the first path's name)")
     parser.add_argument(
+        "--config",
+        type=Path,
+        action="append",
+        metavar="YAML",
+        help="the run's composed config, for trainer.total_training_steps when the log lacks verl's "
+        "'Total training steps' line (default: .hydra/config.yaml files inside the run directory)",
+    )
+    parser.add_argument(
         "--dies-per-card", type=_positive_int, default=2, help="NPU dies per card for per-card throughput (A3: 2)"
     )
     parser.add_argument("--samples", type=int, default=3, help="sample generations to show per dump (default 3)")
@@ -122,7 +143,31 @@ def build_parser() -> argparse.ArgumentParser:
         default=defaults.max_reward_diff,
         help="largest allowed absolute difference of mean critic/rewards/mean, either direction (default 0.05)",
     )
+    compare.add_argument(
+        "--max-stage-increase",
+        type=_stage_limit,
+        action="append",
+        default=[],
+        metavar="[STAGE=]LIMIT",
+        help=f"largest allowed relative increase of a stage's mean time, for every stage (e.g. 0.1) or one "
+        f"(gen=0.15, reshard=off); stages: {', '.join(STAGE_NAMES)} (default {DEFAULT_STAGE_INCREASE:g} each)",
+    )
+    compare.add_argument(
+        "--stage-noise-floor-s",
+        type=_threshold,
+        default=DEFAULT_STAGE_FLOOR_S,
+        help=f"a stage regresses only if its mean time also grows by more than this many seconds "
+        f"(default {DEFAULT_STAGE_FLOOR_S:g})",
+    )
     return parser
+
+
+def _stage_limits(pairs: list[tuple[str | None, float | None]]) -> dict[str, float | None]:
+    limits: dict[str, float | None] = dict.fromkeys(STAGE_NAMES, DEFAULT_STAGE_INCREASE)
+    for stage, value in pairs:  # in the order given: "0.2" then "gen=off" switches only gen off
+        for name in STAGE_NAMES if stage is None else (stage,):
+            limits[name] = value
+    return limits
 
 
 def main(argv: list[str]) -> int:
@@ -142,7 +187,7 @@ def main(argv: list[str]) -> int:
             )
             return EXIT_ERROR
         return _run_report(args)
-    except (RunInputError, TensorboardUnavailableError, OSError) as exc:
+    except (RunInputError, RunConfigError, TensorboardUnavailableError, OSError) as exc:
         print(f"r1-ascend report: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
 
@@ -154,6 +199,7 @@ def _load(paths: list[Path], args: argparse.Namespace, name: str | None = None) 
         samples_wanted=max(args.samples, 0),
         sample_chars=args.sample_chars,
         read_dumps=not args.no_dumps,
+        config_paths=args.config,
     )
 
 
@@ -176,6 +222,7 @@ def _run_report(args: argparse.Namespace) -> int:
         if figure.written:
             print(f"wrote {out_dir / figure.filename}")
     _print_summary(table)
+    print(status_line(run).replace("**", ""))
     if run.problems:
         print(f"note: {len(run.problems)} unreadable log fragment(s) skipped; listed in {report_path}")
     return EXIT_OK
@@ -207,7 +254,12 @@ def _run_comparison(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         return EXIT_ERROR
     window = args.window or parse_window(DEFAULT_WINDOW)
     thresholds = Thresholds(
-        args.max_throughput_drop, args.max_step_time_increase, args.max_memory_increase_gb, args.max_reward_diff
+        args.max_throughput_drop,
+        args.max_step_time_increase,
+        args.max_memory_increase_gb,
+        args.max_reward_diff,
+        _stage_limits(args.max_stage_increase),
+        args.stage_noise_floor_s or 0.0,
     )
     baseline = _load(args.baseline, args, "baseline")
     candidate = _load(args.candidate, args, "candidate")

@@ -7,11 +7,11 @@ step time +5 %, peak memory +1 GB, reward ±0.05). Each check can be switched of
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from r1_ascend.report import metric_names as mn
 from r1_ascend.report.run import RunData
-from r1_ascend.report.timing import Window, finite_mean
+from r1_ascend.report.timing import Window, finite_mean, reshard_seconds
 
 VERDICT_OK = "ok"
 VERDICT_REGRESSION = "REGRESSION"
@@ -24,6 +24,31 @@ EXIT_ERROR = 2
 DEFAULT_WINDOW = "5:14"
 
 
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    label: str
+    source: str
+
+
+# The stages of one GRPO step, in execution order; reshard has no stock timer (see timing.reshard_seconds).
+STAGES: tuple[Stage, ...] = (
+    Stage("gen", "gen", mn.GEN_TIME),
+    Stage("reshard", "reshard", f"{mn.RESHARD_TIME} or {mn.GEN_TIME} − {mn.GENERATE_SEQUENCES_TIME}"),
+    Stage("reward", "reward", mn.REWARD_TIME),
+    Stage("old_log_prob", "old log-prob", mn.OLD_LOG_PROB_TIME),
+    Stage("ref", "ref", mn.REF_TIME),
+    Stage("update", "update", mn.UPDATE_ACTOR_TIME),
+)
+STAGE_NAMES = tuple(stage.name for stage in STAGES)
+DEFAULT_STAGE_INCREASE = 0.10
+DEFAULT_STAGE_FLOOR_S = 2.0
+
+
+def _default_stage_limits() -> dict[str, float | None]:
+    return dict.fromkeys(STAGE_NAMES, DEFAULT_STAGE_INCREASE)
+
+
 @dataclass
 class Thresholds:
     """None disables a check."""
@@ -32,6 +57,9 @@ class Thresholds:
     max_step_time_increase: float | None = 0.05
     max_memory_increase_gb: float | None = 1.0
     max_reward_diff: float | None = 0.05
+    # per stage: largest allowed relative increase of its mean time; an increase must also exceed the floor
+    max_stage_increase: dict[str, float | None] = field(default_factory=_default_stage_limits)
+    stage_floor_s: float = DEFAULT_STAGE_FLOOR_S
 
 
 @dataclass
@@ -46,11 +74,26 @@ class CheckResult:
     baseline_steps: int
     candidate_steps: int
     note: str = ""
+    stage: str | None = None
 
 
 def _window_values(run: RunData, key: str, window: Window) -> list[float]:
     steps, values = run.series(key)
     return [v for s, v in zip(steps, values, strict=True) if window.contains(s)]
+
+
+def _stage_values(run: RunData, stage: Stage, window: Window) -> tuple[list[float], set[str]]:
+    """A stage's per-step seconds in the window and, for reshard, where they came from (timer or derived)."""
+    if stage.name != "reshard":
+        return [v for v in _window_values(run, stage.source, window) if math.isfinite(v)], set()
+    values, origins = [], set()
+    for step in run.training_steps():
+        if window.contains(step):
+            value, origin = reshard_seconds(run.steps[step])
+            if value is not None and origin is not None and math.isfinite(value):
+                values.append(value)
+                origins.add(origin)
+    return values, origins
 
 
 def _mean(run: RunData, key: str, window: Window) -> tuple[float | None, int]:
@@ -106,7 +149,47 @@ def compare_runs(baseline: RunData, candidate: RunData, window: Window, threshol
                 "reward (mean)", mn.REWARD_MEAN, base, cand, base_n, cand_n, thresholds.max_reward_diff, True
             )
         )
+    for stage in STAGES:
+        limit = thresholds.max_stage_increase.get(stage.name)
+        if limit is not None:
+            results.append(_stage_check(stage, baseline, candidate, window, limit, thresholds.stage_floor_s))
     return results
+
+
+def _stage_check(
+    stage: Stage, baseline: RunData, candidate: RunData, window: Window, limit: float, floor_s: float
+) -> CheckResult:
+    """Relative increase of the stage's mean time; a regression also needs more than ``floor_s`` seconds more.
+
+    The floor keeps a short stage (the rule reward takes seconds) from failing on noise of a fraction of a second.
+    """
+    base_values, base_origin = _stage_values(baseline, stage, window)
+    cand_values, cand_origin = _stage_values(candidate, stage, window)
+    base, cand = finite_mean(list(base_values)), finite_mean(list(cand_values))
+    label = f"{stage.label} time (s, mean)"
+    threshold = f"+{limit:.1%} and +{floor_s:g} s"
+    result = CheckResult(label, stage.source, base.value, cand.value, "n/a", threshold, VERDICT_MISSING, 0, 0)
+    result.baseline_steps, result.candidate_steps, result.stage = base.count, cand.count, stage.name
+    if base.value is None or cand.value is None:
+        result.note = _absent(base.value, cand.value)
+        return result
+    if base.value <= 0:
+        result.note = "baseline value is not positive; a relative change is undefined"
+        return result
+    change = (cand.value - base.value) / base.value
+    result.change = f"{change:+.2%} ({cand.value - base.value:+.3g} s)"
+    result.verdict = _verdict(change > limit and cand.value - base.value > floor_s)
+    result = _covered(result)
+    if base_origin != cand_origin and result.verdict != VERDICT_MISSING:
+        result.note = (
+            f"measured differently: baseline {'/'.join(sorted(base_origin))}, "
+            f"candidate {'/'.join(sorted(cand_origin))} (dedicated timer vs gen − generate_sequences)"
+        )
+    return result
+
+
+def regressed_stages(results: list[CheckResult]) -> list[CheckResult]:
+    return [r for r in results if r.stage is not None and r.verdict == VERDICT_REGRESSION]
 
 
 def _relative_check(

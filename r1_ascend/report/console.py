@@ -12,13 +12,13 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from r1_ascend.report.lifecycle import RESUME, LifecycleEvent, LifecycleScanner
+
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 # "step:N" at the start of the text or after whitespace, ")" or "]" (a Ray prefix), followed by " - " or the end.
 _STEP = re.compile(r"(?<![^\s)\]])step:(\d+)(?= - |\s*$)")
 # numpy scalars print as np.float64(1.5) under numpy >= 2; accept both spellings.
 _WRAPPED_NUMBER = re.compile(r"^(?:np\.|numpy\.)?(?:float|int|uint|bool_?)\d*\((?P<inner>[^()]*)\)$")
-# verl prints "Setting global step to N" when it restores a checkpoint (RayPPOTrainer._load_checkpoint).
-_RESUME_MARKER = re.compile(r"Setting global step to (\d+)")
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,7 @@ class StepRecord:
     metrics: dict[str, float]
     source: str
     line_no: int
+    order: int = 0
 
 
 @dataclass(frozen=True)
@@ -54,10 +55,11 @@ class ResumeMarker:
 
 @dataclass
 class ConsoleLog:
-    """Everything read from one log, in file order (records and markers interleave by line number)."""
+    """Everything read from one log; records and lifecycle events interleave by their ``order``."""
 
     records: list[StepRecord] = field(default_factory=list)
     resume_markers: list[ResumeMarker] = field(default_factory=list)
+    events: list[LifecycleEvent] = field(default_factory=list)
     problems: list[ParseProblem] = field(default_factory=list)
 
 
@@ -87,6 +89,7 @@ def strip_ansi(text: str) -> str:
 def parse_console_text(text: str, source: str) -> ConsoleLog:
     """Parse a whole log text; ``source`` names it in problems and resume points."""
     log = ConsoleLog()
+    scanner = LifecycleScanner(source)
     physical_lines = text.splitlines(keepends=True)
     for index, raw_line in enumerate(physical_lines):
         line_no = index + 1
@@ -96,7 +99,7 @@ def parse_console_text(text: str, source: str) -> ConsoleLog:
         pieces = clean.split("\r")
         for piece_index, piece in enumerate(pieces):
             truncated = is_unterminated_last and piece_index == len(pieces) - 1
-            _parse_piece(piece, source, line_no, truncated, log)
+            _parse_piece(piece, source, line_no, truncated, log, scanner)
     return log
 
 
@@ -106,16 +109,21 @@ def parse_console_file(path: Path) -> ConsoleLog:
     return parse_console_text(text, str(path))
 
 
-def _parse_piece(piece: str, source: str, line_no: int, truncated: bool, log: ConsoleLog) -> None:
-    marker = _RESUME_MARKER.search(piece)
-    if marker:
-        log.resume_markers.append(ResumeMarker(step=int(marker.group(1)), source=source, line_no=line_no))
+def _parse_piece(
+    piece: str, source: str, line_no: int, truncated: bool, log: ConsoleLog, scanner: LifecycleScanner
+) -> None:
+    order = len(log.records) + len(log.events)
     # verl prints one metrics line per call; only the first "step:N" of a piece starts a record.
     match = _STEP.search(piece)
     if match is None:
+        for event in scanner.scan(piece, line_no, order):
+            log.events.append(event)
+            if event.kind == RESUME and event.step is not None:
+                log.resume_markers.append(ResumeMarker(step=event.step, source=source, line_no=line_no))
         return
     metrics = _parse_pairs(piece[match.end() :], source, line_no, truncated, log)
-    log.records.append(StepRecord(step=int(match.group(1)), metrics=metrics, source=source, line_no=line_no))
+    record = StepRecord(step=int(match.group(1)), metrics=metrics, source=source, line_no=line_no, order=order)
+    log.records.append(record)
 
 
 def _parse_pairs(segment: str, source: str, line_no: int, truncated: bool, log: ConsoleLog) -> dict[str, float]:

@@ -8,13 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from r1_ascend.report import metric_names as mn
+from r1_ascend.report.figure_style import DPI, build_figure
 from r1_ascend.report.run import RunData
+from r1_ascend.report.timing import RESHARD_DERIVED, reshard_seconds
 
 logger = logging.getLogger(__name__)
 
-FIGURE_WIDTH_PX = 1200
-FIGURE_HEIGHT_PX = 700
-_DPI = 100
 
 Series = dict[str, tuple[list[int], list[float]]]
 
@@ -23,6 +22,8 @@ Series = dict[str, tuple[list[int], list[float]]]
 class Panel:
     ylabel: str
     series: Series
+    # drawn as a black dotted step line (e.g. a logged threshold), not as a data series
+    reference: tuple[str, tuple[list[int], list[float]]] | None = None
 
 
 @dataclass
@@ -82,7 +83,25 @@ def _validation_panels(run: RunData, _dies: int) -> list[Panel]:
 
 
 def _length_panels(run: RunData, _dies: int) -> list[Panel]:
-    return [Panel("tokens", _pick(run, [mn.RESPONSE_LENGTH_MEAN, mn.RESPONSE_LENGTH_MAX, mn.PROMPT_LENGTH_MEAN]))]
+    return [
+        Panel("tokens", _pick(run, [mn.RESPONSE_LENGTH_MEAN, mn.RESPONSE_LENGTH_MAX, mn.PROMPT_LENGTH_MEAN])),
+        # responses cut at max_response_length: rising, it is the overlong warning sign of R1-Zero runs
+        Panel("fraction at max length", _pick(run, [mn.RESPONSE_CLIP_RATIO, mn.PROMPT_CLIP_RATIO])),
+    ]
+
+
+def _consistency_panels(run: RunData, _dies: int) -> list[Panel]:
+    keys = sorted(run.keys())
+    guard = [k for k in keys if k.startswith(mn.ROLLOUT_GUARD_PREFIX) and k != mn.ROLLOUT_GUARD_THRESHOLD]
+    reference = None
+    if run.series(mn.ROLLOUT_GUARD_THRESHOLD)[0]:
+        reference = (f"{mn.ROLLOUT_GUARD_THRESHOLD} (stop above)", run.series(mn.ROLLOUT_GUARD_THRESHOLD))
+    verl_diff = [k for k in keys if k.startswith(mn.ROLLOUT_PROBS_DIFF_PREFIX) and k != mn.ROLLOUT_PROBS_DIFF_VALID]
+    return [
+        Panel("rollout guard", _pick(run, guard), reference),
+        Panel("|p_actor - p_rollout|", _pick(run, verl_diff)),
+        Panel("Pearson r of probs", _pick(run, [mn.ROLLOUT_ACTOR_PEARSON])),
+    ]
 
 
 def _kl_entropy_panels(run: RunData, _dies: int) -> list[Panel]:
@@ -116,7 +135,13 @@ def _stage_panels(run: RunData, _dies: int) -> list[Panel]:
         mn.REF_TIME,
         mn.UPDATE_ACTOR_TIME,
     ]
-    return [Panel("seconds", _pick(run, keys))]
+    series = _pick(run, keys)
+    if mn.RESHARD_TIME not in series:  # stock verl: the derived reshard of the timing table
+        steps = [s for s in run.training_steps() if reshard_seconds(run.steps[s])[1] == RESHARD_DERIVED]
+        if steps:
+            label = f"reshard ({mn.GEN_TIME} - {mn.GENERATE_SEQUENCES_TIME})"
+            series[label] = (steps, [reshard_seconds(run.steps[s])[0] or 0.0 for s in steps])
+    return [Panel("seconds", series)]
 
 
 FIGURES: tuple[FigureSpec, ...] = (
@@ -131,8 +156,14 @@ FIGURES: tuple[FigureSpec, ...] = (
     FigureSpec(
         "response_length.png",
         "Response length",
-        [mn.RESPONSE_LENGTH_MEAN, mn.RESPONSE_LENGTH_MAX, mn.PROMPT_LENGTH_MEAN],
+        [mn.RESPONSE_LENGTH_MEAN, mn.RESPONSE_LENGTH_MAX, mn.PROMPT_LENGTH_MEAN, mn.RESPONSE_CLIP_RATIO],
         _length_panels,
+    ),
+    FigureSpec(
+        "rollout_consistency.png",
+        "Rollout-actor log-prob consistency",
+        [f"{mn.ROLLOUT_GUARD_PREFIX}*", f"{mn.ROLLOUT_PROBS_DIFF_PREFIX}*", mn.ROLLOUT_ACTOR_PEARSON],
+        _consistency_panels,
     ),
     FigureSpec("kl_entropy.png", "KL and entropy", [mn.KL_LOSS, mn.PPO_KL, mn.ENTROPY], _kl_entropy_panels),
     FigureSpec("throughput.png", "Throughput", [mn.THROUGHPUT_PER_DIE], _throughput_panels),
@@ -153,30 +184,12 @@ def write_figures(run: RunData, out_dir: Path, dies_per_card: int = 2) -> list[F
         plotted = [label for panel in panels for label in panel.series]
         result = FigureResult(spec.filename, spec.title, written=False, plotted=plotted)
         # Descriptions such as "val-core/<source>/..." are patterns, not metric names; only names can be "missing".
-        result.missing = [k for k in spec.wanted if "<" not in k and " " not in k and not run.series(k)[0]]
+        result.missing = [k for k in spec.wanted if "<" not in k and " " not in k and "*" not in k]
+        result.missing = [k for k in result.missing if not run.series(k)[0]]
         if plotted:
-            _render(out_dir / spec.filename, f"{run.name}: {spec.title}", [p for p in panels if p.series], resume_steps)
+            figure = build_figure(f"{run.name}: {spec.title}", [p for p in panels if p.series], resume_steps)
+            figure.savefig(out_dir / spec.filename, dpi=DPI, format="png")
+            logger.info("wrote %s", out_dir / spec.filename)
             result.written = True
         results.append(result)
     return results
-
-
-def _render(path: Path, title: str, panels: list[Panel], resume_steps: list[int]) -> None:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(FIGURE_WIDTH_PX / _DPI, FIGURE_HEIGHT_PX / _DPI), dpi=_DPI)
-    FigureCanvasAgg(figure)
-    axes_list = figure.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
-    for axes, panel in zip(axes_list, panels, strict=True):
-        for label, (steps, values) in panel.series.items():
-            axes.plot(steps, values, marker="." if len(steps) < 60 else None, label=label)
-        for index, step in enumerate(resume_steps):
-            axes.axvline(step, color="grey", linestyle="--", linewidth=0.8, label="resume" if index == 0 else None)
-        axes.set_ylabel(panel.ylabel)
-        axes.grid(True, alpha=0.3)
-        axes.legend(fontsize="small", loc="best")
-    axes_list[-1].set_xlabel("training step")
-    figure.suptitle(title)
-    figure.savefig(path, dpi=_DPI, format="png")
-    logger.info("wrote %s", path)

@@ -7,7 +7,8 @@ import os
 from pathlib import Path
 
 from r1_ascend.report import metric_names as mn
-from r1_ascend.report.compare import CheckResult
+from r1_ascend.report.attempts import COMPLETED, DIED, Attempt
+from r1_ascend.report.compare import CheckResult, regressed_stages
 from r1_ascend.report.figures import FigureResult
 from r1_ascend.report.run import RunData, problems_summary
 from r1_ascend.report.timing import COLUMNS, RESHARD_DERIVED, RESHARD_FROM_TIMER, TimingTable
@@ -88,6 +89,7 @@ def render_report(
         chosen = actual if chosen == actual else f"{chosen}, i.e. {actual}"
     out.append(f"Averaging window: steps {chosen} (inclusive); {len(table.window_steps)} step(s).")
     out.append("")
+    out += status_section(run)
     out += _resume_section(run)
     out += ["## Timing per step", ""]
     out.append(
@@ -104,6 +106,7 @@ def render_report(
                 out.append(f"- {column.header} (`{column.source}`): {_step_list(steps)}")
         out.append("")
     out += _validation_section(run)
+    out += _consistency_section(run)
     out += _figures_section(figures)
     out += _samples_section(run)
     if run.problems:
@@ -146,13 +149,78 @@ def _resume_section(run: RunData) -> list[str]:
     lines = ["## Resume points", "", "Later values replace earlier ones for the same step and metric.", ""]
     for point in run.resume_points:
         where = point.source if point.line_no is None else f"{point.source}:{point.line_no}"
-        lines.append(f"- restart at step {point.restart_step}: {point.reason} ({_escape(where)})")
+        rerun = ""
+        if 0 <= point.restart_step < point.previous_max:
+            rerun = f"; steps {point.restart_step + 1}–{point.previous_max} were run again"
+        lines.append(f"- restart at step {point.restart_step}: {point.reason}{rerun} ({_escape(where)})")
     if run.overwritten_values:
         lines.append(f"- {run.overwritten_values} value(s) were replaced by a later log line of the same step")
     return [*lines, ""]
 
 
+def status_line(run: RunData) -> str:
+    """One sentence on how the run (its last attempt) ended."""
+    if not run.attempts:
+        return "Status: no training step was logged."
+    last = run.attempts[-1]
+    planned = last.planned.total if last.planned else None
+    if last.outcome == COMPLETED:
+        return f"Status: completed: reached the planned last step {planned}."
+    if last.outcome == DIED:
+        done = "no step completed" if last.last_step is None else f"last completed step {last.last_step}"
+        of = f"planned last step {planned}" if planned is not None else "planned last step unknown"
+        return f"Status: **DIED during step {last.died_during}** ({done}; {of}). {_error_text(last)}"
+    ended = "no training step was logged" if last.last_step is None else f"ended after step {last.last_step}"
+    return (
+        f"Status: {ended} with no error in the log; the planned last step is unknown "
+        "(no 'Total training steps' line in the log and no config with `trainer.total_training_steps`; "
+        "pass `--config`)."
+    )
+
+
+def _error_text(attempt: Attempt) -> str:
+    if attempt.error is None:
+        after = "the start" if attempt.last_step is None else f"step {attempt.last_step}"
+        return (
+            f"No error line after {after}: the process was stopped from outside (SIGKILL, the OOM killer, a lost "
+            "node, a job time limit) or the log is still being written."
+        )
+    text = f"Error: `{_escape(_clip(attempt.error.text))}` ({_escape(attempt.error.where)})"
+    if attempt.error_wrapper is not None:
+        text += f", reported as `{_escape(_clip(attempt.error_wrapper.text))}`"
+    return text + "."
+
+
+def _clip(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def status_section(run: RunData) -> list[str]:
+    lines = ["## Run status", ""]
+    planned = run.attempts[-1].planned if run.attempts else None
+    if planned is not None:
+        lines.append(f"Planned last step: {planned.total}, from {_escape(planned.origin)}.")
+    lines += [status_line(run), ""]
+    if len(run.attempts) > 1 or any(a.outcome == DIED for a in run.attempts):
+        lines += [
+            "| attempt | started | resumed from | steps logged | ended | error line |",
+            "|---:|---|---:|---|---|---|",
+        ]
+        for attempt in run.attempts:
+            steps = NOT_LOGGED if attempt.last_step is None else f"{attempt.first_step}–{attempt.last_step}"
+            resumed = "" if attempt.resumed_from is None else str(attempt.resumed_from)
+            ended = f"died during step {attempt.died_during}" if attempt.outcome == DIED else attempt.outcome
+            error = ""
+            if attempt.error is not None:
+                error = f"`{_escape(_clip(attempt.error.text, 160))}` ({_escape(attempt.error.where)})"
+            started = f"{attempt.start} ({_escape(attempt.source)}:{attempt.line_no})"
+            lines.append(f"| {attempt.index} | {started} | {resumed} | {steps} | {ended} | {error} |")
+        lines.append("")
+    return lines
+
+
 def _validation_section(run: RunData) -> list[str]:
+    sets: list[tuple[str, str]] = []  # (metric key, column header)
     rows = []
     for key in sorted(run.keys()):
         match = mn.VAL_CORE_MEAN.match(key)
@@ -160,15 +228,57 @@ def _validation_section(run: RunData) -> list[str]:
             continue
         steps, values = run.series(key)
         if steps:
+            sets.append((key, f"{_escape(match['source'])} {match['var']} mean@{match['n']}"))
             best = max(range(len(values)), key=values.__getitem__)
             rows.append(
-                f"| {_escape(match['source'])} | {match['var']} mean@{match['n']} | {fmt(values[0], 4)} (step "
-                f"{steps[0]}) | {fmt(values[-1], 4)} (step {steps[-1]}) | {fmt(values[best], 4)} (step {steps[best]}) |"
+                f"| {_escape(match['source'])} | {match['var']} mean@{match['n']} | {match['n']} | "
+                f"{fmt(values[0], 4)} (step {steps[0]}) | {fmt(values[-1], 4)} (step {steps[-1]}) | "
+                f"{fmt(values[best], 4)} (step {steps[best]}) |"
             )
     if not rows:
         return ["## Validation", "", f"{NOT_LOGGED}: no `val-core/<source>/<var>/mean@N` metrics were logged.", ""]
-    header = ["## Validation", "", "| set | metric | first | last | best |", "|---|---|---:|---:|---:|"]
-    return [*header, *rows, ""]
+    lines = [
+        "## Validation",
+        "",
+        "Mean accuracy over the N samples drawn per problem (`actor_rollout_ref.rollout.val_kwargs.n`), averaged "
+        "over the set's problems (verl's `val-core/<set>/<var>/mean@N`).",
+        "",
+        "| set | metric | samples per problem | first | last | best |",
+        "|---|---|---:|---:|---:|---:|",
+        *rows,
+        "",
+        "Per validation step:",
+        "",
+        "| step | " + " | ".join(header for _, header in sets) + " |",
+        "|---:|" + "---:|" * len(sets),
+    ]
+    val_steps = sorted({s for key, _ in sets for s in run.series(key)[0]})
+    for step in val_steps:
+        cells = " | ".join(fmt(run.steps[step].get(key), 4) for key, _ in sets)
+        lines.append(f"| {step} | {cells} |")
+    return [*lines, ""]
+
+
+def _consistency_section(run: RunData) -> list[str]:
+    prefixes = (mn.ROLLOUT_GUARD_PREFIX, mn.ROLLOUT_PROBS_DIFF_PREFIX, mn.ROLLOUT_ACTOR_PEARSON)
+    keys = [k for k in sorted(run.keys()) if k.startswith(prefixes) and k != mn.ROLLOUT_PROBS_DIFF_VALID]
+    keys = [k for k in keys if run.series(k)[0]]
+    if not keys:
+        return []
+    _, thresholds = run.series(mn.ROLLOUT_GUARD_THRESHOLD)
+    threshold = min(thresholds) if thresholds else None
+    lines = ["## Rollout–actor consistency", ""]
+    if threshold is not None:
+        lines += [f"The guard stops the run above `{mn.ROLLOUT_GUARD_THRESHOLD}` = {threshold:g}.", ""]
+    lines += ["| metric | last | max (step) | steps above threshold |", "|---|---:|---:|---:|"]
+    for key in keys:
+        steps, values = run.series(key)
+        top = max(range(len(values)), key=values.__getitem__)
+        above = NOT_LOGGED
+        if threshold is not None and key.startswith(mn.ROLLOUT_GUARD_PREFIX) and key != mn.ROLLOUT_GUARD_THRESHOLD:
+            above = _step_list([s for s, v in zip(steps, values, strict=True) if v > threshold]) or "none"
+        lines.append(f"| `{key}` | {values[-1]:.4g} | {values[top]:.4g} ({steps[top]}) | {above} |")
+    return [*lines, ""]
 
 
 def _figures_section(figures: list[FigureResult]) -> list[str]:
@@ -224,6 +334,8 @@ def _fenced(text: str) -> str:
 
 
 def _step_list(steps: list[int]) -> str:
+    if not steps:
+        return ""
     if len(steps) <= 12:
         return "steps " + ", ".join(str(s) for s in steps)
     return f"{len(steps)} steps ({steps[0]}–{steps[-1]})"
@@ -242,6 +354,10 @@ def comparison_markdown(results: list[CheckResult], baseline_name: str, candidat
             f"| {r.metric} | `{r.source}` | {_value_with_n(r.baseline, r.baseline_steps)} | "
             f"{_value_with_n(r.candidate, r.candidate_steps)} | {r.change} | {r.threshold} | {verdict} |"
         )
+    stages = regressed_stages(results)
+    if stages:
+        named = ", ".join(f"{r.metric.split(' time')[0]} ({r.change})" for r in stages)
+        lines += ["", f"Regressed stage(s): {named}."]
     return "\n".join(lines) + "\n"
 
 

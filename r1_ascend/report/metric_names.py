@@ -22,6 +22,9 @@ UPDATE_ACTOR_TIME = "timing_s/update_actor"
 PROMPT_LENGTH_MEAN = "prompt_length/mean"
 RESPONSE_LENGTH_MEAN = "response_length/mean"
 RESPONSE_LENGTH_MAX = "response_length/max"
+# Fraction of responses (prompts) that hit max_response_length (max_prompt_length): compute_data_metrics.
+RESPONSE_CLIP_RATIO = "response_length/clip_ratio"
+PROMPT_CLIP_RATIO = "prompt_length/clip_ratio"
 
 # Tokens / (step time x number of devices): on Atlas A3 one device is one NPU die.
 THROUGHPUT_PER_DIE = "perf/throughput"
@@ -35,6 +38,15 @@ ENTROPY = "actor/entropy"
 KL_LOSS = "actor/kl_loss"
 PPO_KL = "actor/ppo_kl"
 REWARD_KL_PENALTY = "actor/reward_kl_penalty"
+
+# Rollout-actor consistency. verl 0.6.1 logs these when the batch carries rollout log-probs
+# (utils/debug/metrics.py calculate_debug_metrics; "_diff_*" compares probabilities exp(logp), not log-probs).
+ROLLOUT_PROBS_DIFF_PREFIX = "training/rollout_probs_diff_"
+ROLLOUT_PROBS_DIFF_VALID = "training/rollout_probs_diff_valid"
+ROLLOUT_ACTOR_PEARSON = "training/rollout_actor_probs_pearson_corr"
+# The overlay's rollout-actor guard logs every key under this prefix; the threshold it stops at, when logged.
+ROLLOUT_GUARD_PREFIX = "rollout_guard/"
+ROLLOUT_GUARD_THRESHOLD = "rollout_guard/threshold"
 
 # A console line may hold only validation metrics; these mark a line that describes a training step.
 TRAINING_STEP_MARKERS = (STEP_TIME, THROUGHPUT_PER_DIE, RESPONSE_LENGTH_MEAN, REWARD_MEAN)

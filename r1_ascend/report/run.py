@@ -5,8 +5,9 @@ directory. Rules (documented in docs/report.md):
 
 - **Last occurrence wins, per metric.** A step logged again (a run resumed from an earlier checkpoint re-runs
   steps; verl also logs validation at the restored step) overwrites only the metrics the later line carries.
-- **Resume points** are where a step number goes back to (or repeats) one already seen, or where verl announces
-  "Setting global step to N".
+- **Resume points** are where a step number goes back to (or repeats) one already seen, or where a new trainer
+  process starts (verl's "Setting global step to N", "Training from scratch", "Total training steps" printed again,
+  the progress bar restarting); each process lifetime is an attempt (:mod:`r1_ascend.report.attempts`).
 - **Console before TensorBoard.** Console values are exact; TensorBoard stores float32. TensorBoard only fills
   metrics (or steps) the console logs lack, e.g. after a truncated log.
 """
@@ -18,14 +19,17 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from r1_ascend.report.console import ConsoleLog, ParseProblem, ResumeMarker, parse_console_file
+from r1_ascend.report.attempts import Attempt, AttemptTracker, Planned, conclude
+from r1_ascend.report.console import ConsoleLog, ParseProblem, parse_console_file
 from r1_ascend.report.generations import (
     GenerationSample,
     find_dump_files,
     read_dump_directory,
     samples_from_tensorboard_text,
 )
+from r1_ascend.report.lifecycle import LifecycleEvent
 from r1_ascend.report.metric_names import TRAINING_STEP_MARKERS
+from r1_ascend.report.run_config import find_run_configs, planned_from_configs
 from r1_ascend.report.tensorboard_events import (
     EVENT_FILE_GLOB,
     TensorboardUnavailableError,
@@ -66,6 +70,8 @@ class RunData:
     filled_from_tensorboard: int = 0
     reward_components: dict[str, dict[int, float]] = field(default_factory=dict)
     samples: list[GenerationSample] = field(default_factory=list)
+    attempts: list[Attempt] = field(default_factory=list)
+    config_planned: Planned | None = None
     # Highest step since the last resume point; a step at or below it starts a new segment.
     segment_max_step: int | None = None
 
@@ -92,6 +98,7 @@ class _Sources:
     console: list[Path] = field(default_factory=list)
     events: list[Path] = field(default_factory=list)
     dump_roots: list[Path] = field(default_factory=list)
+    configs: list[Path] = field(default_factory=list)
 
 
 def load_run(
@@ -100,17 +107,20 @@ def load_run(
     samples_wanted: int = 3,
     sample_chars: int = 600,
     read_dumps: bool = True,
+    config_paths: list[Path] | None = None,
 ) -> RunData:
     """Read a run from log files and/or run directories (given in chronological order for multi-part logs)."""
     sources = _discover(paths)
     run = RunData(name=name or _default_name(paths))
     run.console_files = sources.console
     run.event_files = sources.events
+    run.config_planned = planned_from_configs([*(config_paths or []), *sources.configs])
 
+    tracker = AttemptTracker()
     for path in sources.console:
         log = parse_console_file(path)
         run.problems.extend(str(p) for p in log.problems)
-        _merge_console(run, log)
+        _merge_console(run, log, tracker)
     console_seen = bool(run.steps)
 
     if sources.events:
@@ -133,6 +143,13 @@ def load_run(
         )
         raise RunInputError(msg)
     run.steps = dict(sorted(run.steps.items()))
+    run.attempts = tracker.attempts
+    if not run.attempts:  # TensorBoard only: one attempt spanning the training steps, no lifecycle lines
+        training = run.training_steps()
+        if training:
+            run.attempts = [Attempt(1, str(run.event_files[0]) if run.event_files else run.name, 0, "log start")]
+            run.attempts[0].first_step, run.attempts[0].last_step = training[0], training[-1]
+    conclude(run.attempts, run.config_planned)
     return run
 
 
@@ -153,6 +170,7 @@ def _discover(paths: list[Path]) -> _Sources:
             sources.console.extend(sorted(logs, key=lambda p: (p.stat().st_mtime, str(p))))
             sources.events.extend(find_event_files(path))
             sources.dump_roots.append(path)
+            sources.configs.extend(find_run_configs(path))
         elif path.name.startswith("events.out.tfevents."):
             sources.events.append(path)
         else:
@@ -160,28 +178,57 @@ def _discover(paths: list[Path]) -> _Sources:
     return sources
 
 
-def _merge_console(run: RunData, log: ConsoleLog) -> None:
-    markers = [(m.line_no, 0, m) for m in log.resume_markers]
-    records = [(r.line_no, 1, r) for r in log.records]
-    pending: ResumeMarker | None = None
-    for _, _, item in sorted(markers + records, key=lambda e: (e[0], e[1])):
-        if isinstance(item, ResumeMarker):
-            pending = item
+def _merge_console(run: RunData, log: ConsoleLog, tracker: AttemptTracker) -> None:
+    items = sorted(
+        [(e.order, 0, e) for e in log.events] + [(r.order, 1, r) for r in log.records], key=lambda e: (e[0], e[1])
+    )
+    new_attempt = False
+    before: int | None = run.segment_max_step
+    for _, _, item in items:
+        if isinstance(item, LifecycleEvent):
+            count = len(tracker.attempts)
+            tracker.event(item)
+            if len(tracker.attempts) != count:
+                new_attempt, before = True, run.segment_max_step
+                run.segment_max_step = None
             continue
         segment_max = run.segment_max_step
         repeats = segment_max is not None and item.step <= segment_max
-        if pending is not None or repeats:
-            if pending is not None:
-                reason = f"checkpoint restore announced (verl: 'Setting global step to {pending.step}')"
-            else:
-                reason = f"step {item.step} logged again after step {segment_max}"
-            previous = -1 if segment_max is None else segment_max
-            run.resume_points.append(ResumePoint(item.step, previous, item.source, item.line_no, reason))
+        is_training = any(k in item.metrics for k in TRAINING_STEP_MARKERS)
+        if tracker.record(item.step, is_training, item.source, item.line_no, repeats):
+            new_attempt, before = True, segment_max
+        attempt = tracker.current
+        if new_attempt and attempt is not None:
+            _add_resume_point(run, attempt, item.step, before, item.source, item.line_no)
             run.segment_max_step = item.step
-            pending = None
         else:
             run.segment_max_step = item.step if segment_max is None else max(segment_max, item.step)
+        new_attempt = False
         _store(run, item.step, item.metrics)
+
+
+def _add_resume_point(
+    run: RunData, attempt: Attempt, step: int, previous_max: int | None, source: str, line_no: int
+) -> None:
+    """A resume point at the first metrics line of an attempt that did not start the run."""
+    if attempt.index == 1 and attempt.resumed_from is None:
+        return
+    previous = -1 if previous_max is None else previous_max
+    if attempt.start == "checkpoint restore" and attempt.resumed_from is not None:
+        reason = f"checkpoint restore announced (verl: 'Setting global step to {attempt.resumed_from}')"
+        if attempt.checkpoint_path:
+            reason += f" from `{attempt.checkpoint_path}`"
+        restart = attempt.resumed_from
+    elif attempt.start.startswith("fresh start"):
+        reason, restart = "restarted from scratch (verl: 'Training from scratch', no checkpoint found)", step
+    elif attempt.start == "step counter restart" and attempt.resumed_from is not None:
+        reason = f"the 'Training Progress' bar restarted at step {attempt.resumed_from}"
+        restart = attempt.resumed_from
+    elif previous_max is not None and step <= previous_max:
+        reason, restart = f"step {step} logged again after step {previous_max}", step
+    else:
+        reason, restart = f"a new trainer process started ({attempt.start})", step
+    run.resume_points.append(ResumePoint(restart, previous, source, line_no, reason))
 
 
 def _store(run: RunData, step: int, metrics: dict[str, float]) -> None:

@@ -12,13 +12,16 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from tqdm import tqdm
 
 N_GPUS = 256  # 16 A3 nodes x 16 dies
 BATCH = 8
@@ -26,7 +29,12 @@ PROMPT_WIDTH = 16
 RESPONSE_WIDTH = 32
 TRAIN_TOKENS_SEQUENCES = 8192  # 512 prompts x 16 responses, as in the target configuration
 VAL_SOURCES = ("aime24", "math500")
+VAL_PROBLEMS = 2
+# samples per validation problem (val_kwargs.n): verl logs val-core/<set>/acc/mean@2 (its bootstrap is slow)
+VAL_SAMPLES = 2
 RAY_PREFIX = "\x1b[36m(TaskRunner pid=48213)\x1b[0m "
+WORKER_PREFIX = "(WorkerDict pid=51007, ip=10.0.0.2) "
+SURVIVED_ERROR = f"{WORKER_PREFIX}[rank3]: RuntimeError: HCCL link check timed out; retrying (attempt 1 of 3)"
 WORKER_NOISE = (
     "\x1b[36m(WorkerDict pid=51007, ip=10.0.0.2)\x1b[0m INFO 11-20 08:01:02 [model_runner.py:1203] Graph capturing "
     "finished in 12 secs"
@@ -54,6 +62,9 @@ class FixtureRun:
     truth: dict[int, StepTruth]
     event_dir: Path | None = None
     dump_dir: Path | None = None
+    # the error line a death left in the log, and the wrapper the driver printed around it
+    error_line: str | None = None
+    error_wrapper: str | None = None
 
 
 @pytest.fixture(scope="session")
@@ -61,6 +72,7 @@ def verl_modules() -> SimpleNamespace:
     import verl.trainer.ppo.ray_trainer as ray_trainer
     from verl import DataProto
     from verl.trainer.ppo import metric_utils
+    from verl.utils.debug.metrics import calculate_debug_metrics
     from verl.utils.logger import LocalLogger
     from verl.utils.tracking import _TensorboardAdapter
 
@@ -70,6 +82,8 @@ def verl_modules() -> SimpleNamespace:
         LocalLogger=LocalLogger,
         TensorboardAdapter=_TensorboardAdapter,
         dump_generations=ray_trainer.RayPPOTrainer._dump_generations,
+        RayPPOTrainer=ray_trainer.RayPPOTrainer,
+        debug_metrics=calculate_debug_metrics,
     )
 
 
@@ -99,31 +113,118 @@ def _batch(verl: SimpleNamespace, rng: np.random.Generator) -> tuple[object, lis
     return batch, [int(n) for n in prompt_lengths], [int(n) for n in response_lengths], [float(s) for s in scores]
 
 
-def _validation_metrics(verl: SimpleNamespace, rng: np.random.Generator) -> tuple[dict[str, float], dict[str, float]]:
-    """verl's process_validation_metrics, then verl's val-core / val-aux naming (ray_trainer._validate)."""
-    sources, uids, acc, fmt = [], [], [], []
-    for source in VAL_SOURCES:
-        for index in range(6):
-            sources.append(source)
-            uids.append(f"{source}-{index}")
-            acc.append(float(rng.random() < 0.4))
-            fmt.append(float(rng.random() < 0.8))
-    infos = {"reward": list(acc), "acc": acc, "format": fmt, "pred": [str(a) for a in acc]}
-    processed = verl.metric_utils.process_validation_metrics(np.array(sources), uids, infos)
-    metrics = {}
-    for source, var2metric in processed.items():
-        for var, metric2val in var2metric.items():
-            for metric_name, value in metric2val.items():
-                section = "val-core" if var == "acc" and metric_name.startswith("mean") else "val-aux"
-                metrics[f"{section}/{source}/{var}/{metric_name}"] = value
-    truth = {s: float(np.mean([a for a, src in zip(acc, sources, strict=True) if src == s])) for s in VAL_SOURCES}
-    return metrics, truth
+GUARD_THRESHOLD = 0.8
+
+
+def _consistency_metrics(
+    verl: SimpleNamespace, batch: object, rng: np.random.Generator, drift: float
+) -> dict[str, float]:
+    """verl's rollout-vs-actor debug metrics, plus the overlay guard's keys (mean/max |Δ log-prob| and threshold)."""
+    import torch
+
+    mask = batch.batch["response_mask"].bool()
+    actor = -torch.tensor(np.abs(rng.normal(size=tuple(mask.shape))), dtype=torch.float32)
+    rollout = actor + torch.tensor(rng.normal(scale=drift, size=tuple(mask.shape)), dtype=torch.float32)
+    batch.batch["old_log_probs"] = actor
+    batch.batch["rollout_log_probs"] = rollout
+    metrics = verl.debug_metrics(batch)
+    diff = torch.masked_select((actor - rollout).abs(), mask)
+    metrics.update(
+        {
+            "rollout_guard/log_prob_abs_diff_mean": diff.mean().item(),
+            "rollout_guard/log_prob_abs_diff_max": diff.max().item(),
+            "rollout_guard/threshold": GUARD_THRESHOLD,
+        }
+    )
+    return metrics
+
+
+class _ValidationEngine:
+    """Stands in for generation and the reward at verl's worker-group / reward-function boundary.
+
+    ``RayPPOTrainer._validate`` itself runs: it repeats each problem ``val_kwargs.n`` times, pads for the worker
+    group, calls ``generate_sequences`` and the reward function, then names the metrics (``val-core`` /
+    ``val-aux``) through ``process_validation_metrics``.
+    """
+
+    world_size = 1
+
+    def __init__(self, verl: SimpleNamespace, rng: np.random.Generator) -> None:
+        self.verl = verl
+        self.rng = rng
+        self.acc: dict[str, list[float]] = {source: [] for source in VAL_SOURCES}
+
+    def generate_sequences(self, batch):
+        import torch
+
+        size = len(batch.batch)
+        return self.verl.DataProto.from_dict(tensors={"responses": torch.ones(size, 4, dtype=torch.long)})
+
+    def reward(self, batch, return_dict: bool = True) -> dict[str, object]:
+        import torch
+
+        sources = list(batch.non_tensor_batch["data_source"])
+        acc = [float(self.rng.random() < 0.4) for _ in sources]
+        fmt = [float(self.rng.random() < 0.8) for _ in sources]
+        for source, value in zip(sources, acc, strict=True):
+            self.acc[source].append(value)
+        scores = torch.zeros(len(sources), 4)
+        scores[:, -1] = torch.tensor(acc)
+        extra = {"acc": acc, "format": fmt, "pred": [str(int(a)) for a in acc]}
+        return {"reward_tensor": scores, "reward_extra_info": extra}
+
+
+def _validation_metrics(
+    verl: SimpleNamespace, rng: np.random.Generator, step: int
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Metrics from verl's own ``RayPPOTrainer._validate`` (VAL_SAMPLES samples per problem); truth: mean accuracy."""
+    import torch
+    from omegaconf import OmegaConf
+
+    engine = _ValidationEngine(verl, rng)
+    problems = [(source, index) for source in VAL_SOURCES for index in range(VAL_PROBLEMS)]
+    batch = {
+        "input_ids": torch.ones(len(problems), 6, dtype=torch.long),
+        "attention_mask": torch.ones(len(problems), 6, dtype=torch.long),
+        "position_ids": torch.arange(6).repeat(len(problems), 1),
+        "data_source": np.array([source for source, _ in problems], dtype=object),
+        "reward_model": np.array([{"style": "rule", "ground_truth": "1"} for _ in problems], dtype=object),
+    }
+    config = OmegaConf.create(
+        {
+            "actor_rollout_ref": {"rollout": {"val_kwargs": {"n": VAL_SAMPLES, "do_sample": True}}},
+            "reward_model": {"enable": False},
+            "trainer": {"log_val_generations": 0, "validation_data_dir": None},
+        }
+    )
+    owner = SimpleNamespace(
+        config=config,
+        val_dataloader=[batch],
+        tokenizer=SimpleNamespace(decode=lambda ids, skip_special_tokens=True: "x", eos_token_id=2, pad_token_id=0),
+        actor_rollout_wg=engine,
+        async_rollout_mode=False,
+        val_reward_fn=engine.reward,
+        global_steps=step,
+    )
+    owner._get_gen_batch = partial(verl.RayPPOTrainer._get_gen_batch, owner)
+    owner._maybe_log_val_generations = partial(verl.RayPPOTrainer._maybe_log_val_generations, owner)
+    with contextlib.redirect_stdout(io.StringIO()):
+        metrics = verl.RayPPOTrainer._validate(owner)
+    return metrics, {source: float(np.mean(values)) for source, values in engine.acc.items()}
 
 
 def _step_metrics(
-    verl: SimpleNamespace, step: int, rng: np.random.Generator, token_scale: float, val: bool, reshard_timer: bool
+    verl: SimpleNamespace,
+    step: int,
+    rng: np.random.Generator,
+    token_scale: float,
+    val: bool,
+    reshard_timer: bool,
+    stage_scale: dict[str, float],
+    log_prob_drift: float | None = None,
 ) -> tuple[dict[str, float], StepTruth]:
     batch, prompt_lengths, response_lengths, scores = _batch(verl, rng)
+    consistency = _consistency_metrics(verl, batch, rng, log_prob_drift) if log_prob_drift is not None else {}
     gen_core = float(rng.uniform(400, 480))
     timing = {
         "start_profile": 1e-5,
@@ -143,6 +244,14 @@ def _step_metrics(
     if val:
         timing["testing"] = float(rng.uniform(60, 90))
     timing["stop_profile"] = 1e-5
+    # a slower stage (the same random draws, so everything else matches a run without the slowdown)
+    for name, scale in stage_scale.items():
+        if name == "reshard" and "reshard" not in timing:  # no timer: the part of gen outside generate_sequences
+            timing["gen"] += (scale - 1.0) * (timing["gen"] - gen_core)
+        else:
+            timing[name] *= scale
+    if "generate_sequences" in stage_scale:
+        timing["gen"] += timing["generate_sequences"] - gen_core
     top_level = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "testing")
     timing["step"] = sum(timing.get(name, 0.0) for name in top_level) + float(rng.uniform(1, 5))
     per_seq = rng.integers(1800, 3400, size=TRAIN_TOKENS_SEQUENCES)
@@ -167,8 +276,9 @@ def _step_metrics(
     }
     truth = StepTruth(step, dict(timing), prompt_lengths, response_lengths, tokens, entropy, kl_loss, memory, scores)
     if val:
-        val_metrics, truth.val_acc = _validation_metrics(verl, rng)
+        val_metrics, truth.val_acc = _validation_metrics(verl, rng, step)
         metrics.update(val_metrics)
+    metrics.update(consistency)
     metrics.update({"training/global_step": step, "training/epoch": 0})
     metrics.update(verl.metric_utils.compute_data_metrics(batch=batch, use_critic=False))
     metrics.update(verl.metric_utils.compute_timing_metrics(batch=batch, timing_raw=timing))
@@ -181,6 +291,47 @@ def _console_lines(verl: SimpleNamespace, metrics: dict[str, float], step: int) 
     with contextlib.redirect_stdout(buffer):
         verl.LocalLogger(print_to_console=True).log(data=metrics, step=step)
     return buffer.getvalue()
+
+
+def _drain(buffer: io.StringIO) -> str:
+    """What tqdm wrote since the last call, as Ray forwards it: one prefixed line."""
+    text = buffer.getvalue()
+    buffer.seek(0)
+    buffer.truncate()
+    return f"{RAY_PREFIX}{text.rstrip(chr(10))}\n" if text else ""
+
+
+def _ray_error_tracebacks() -> tuple[str, str, str, str]:
+    """A real verl error inside a worker, and the driver's traceback after Ray re-raised it (ray.get in run_ppo).
+
+    Returns the worker's traceback text, the driver's, the root-cause line and the wrapper line.
+    """
+    import traceback
+
+    import torch
+    from ray.exceptions import RayTaskError
+    from verl.trainer.ppo.core_algos import agg_loss
+
+    try:
+        agg_loss(loss_mat=torch.zeros(2, 3), loss_mask=torch.ones(2, 3), loss_agg_mode="token-mean-per-die")
+    except ValueError as exc:
+        cause = exc
+        worker_traceback = "".join(traceback.format_exception(exc))
+    ray_error = RayTaskError(
+        "TaskRunner.run", worker_traceback, cause, proctitle="ray::TaskRunner.run", pid=48213, ip="10.0.0.1"
+    ).as_instanceof_cause()
+
+    def run_ppo() -> None:  # the driver's ray.get(runner.run.remote(config)) raising the worker's error
+        raise ray_error
+
+    try:
+        run_ppo()
+    except Exception as exc:
+        driver_traceback = "".join(traceback.format_exception(exc, chain=False))
+    lines = [line for line in driver_traceback.splitlines() if line and not line[0].isspace()]
+    wrapper = re.sub(r"\x1b\[[0-9;]*m", "", next(line for line in lines if line.startswith("ray.exceptions.RayTask")))
+    root = worker_traceback.rstrip().splitlines()[-1]
+    return worker_traceback, driver_traceback, root, wrapper
 
 
 @contextlib.contextmanager
@@ -218,9 +369,20 @@ class RunWriter:
         resumed_from: int | None = None,
         reshard_timer: bool = False,
         noise: bool = True,
+        planned: int | None = None,
+        announce_planned: bool = True,
+        death: str | None = None,
+        ray_prefixed_traceback: bool = False,
+        stage_scale: dict[str, float] | None = None,
+        log_prob_drift: Callable[[int], float] | None = None,
     ) -> None:
+        """``planned``: verl's total_training_steps (default: the segment's last step); ``death``: None, "error"
+        (a verl exception re-raised through Ray, as the driver prints it) or "kill" (the log just stops mid-step)."""
         verl = self.verl
+        planned = steps[-1] if planned is None else planned
         text = [f"{RAY_PREFIX}Using dataset class: RLHFDataset\n"]
+        if announce_planned:
+            text.append(f"{RAY_PREFIX}Total training steps: {planned}\n")
         adapter = None
         if tensorboard:
             self.run.event_dir = self.directory / "tensorboard_log"
@@ -229,8 +391,9 @@ class RunWriter:
         if resumed_from is not None:
             text.append(f"{RAY_PREFIX}Load from checkpoint folder: checkpoints/global_step_{resumed_from}\n")
             text.append(f"{RAY_PREFIX}Setting global step to {resumed_from}\n")
+            text.append(f"{RAY_PREFIX}Resuming from checkpoints/global_step_{resumed_from}\n")
         if val_before_train_step is not None:
-            val_metrics, val_truth = _validation_metrics(verl, self.rng)
+            val_metrics, val_truth = _validation_metrics(verl, self.rng, val_before_train_step)
             text += [
                 RAY_PREFIX + line + "\n"
                 for line in _console_lines(verl, val_metrics, val_before_train_step).split("\n")
@@ -242,19 +405,40 @@ class RunWriter:
             self.run.truth[val_before_train_step].val_acc = val_truth
             if adapter:
                 adapter.log(data=val_metrics, step=val_before_train_step)
+        # verl's own progress bar: tqdm(total=total_training_steps, initial=global_steps), updated after each log
+        bar_output = io.StringIO()
+        bar = tqdm(
+            total=planned, initial=steps[0] - 1, desc="Training Progress", file=bar_output, mininterval=0, ascii=True
+        )
+        text.append(_drain(bar_output))
         for step in steps:
             metrics, truth = _step_metrics(
-                verl, step, self.rng, self.token_scale, val=step % test_freq == 0, reshard_timer=reshard_timer
+                verl,
+                step,
+                self.rng,
+                self.token_scale,
+                val=step % test_freq == 0,
+                reshard_timer=reshard_timer,
+                stage_scale=stage_scale or {},
+                log_prob_drift=None if log_prob_drift is None else log_prob_drift(step),
             )
             self.run.truth[step] = truth
             if noise:
-                text.append(f"Training Progress:  {step}%|█         | {step}/100 [12:0{step % 10}<...]\r")
                 text.append(WORKER_NOISE + "\n")
+            if death is not None and step == steps[-1]:
+                # dies inside this step: its metrics line is never printed
+                del self.run.truth[step]
+                text.append(self._death_text(death, ray_prefixed_traceback))
+                break
             text += [RAY_PREFIX + line + "\n" for line in _console_lines(verl, metrics, step).split("\n") if line]
+            bar.update(1)
+            text.append(_drain(bar_output))
             if adapter:
                 adapter.log(data=metrics, step=step)
             if dumps:
                 self._dump(step, truth)
+            if step == steps[0] and death is not None:
+                text.append(SURVIVED_ERROR + "\n")  # an error the run lives through is not its cause of death
         if adapter:
             adapter.finish()
         path = self.directory / log_name
@@ -262,6 +446,16 @@ class RunWriter:
             handle.write("".join(text))
         if path not in self.run.log_files:
             self.run.log_files.append(path)
+
+    def _death_text(self, death: str, ray_prefixed: bool) -> str:
+        if death == "kill":
+            return f"{RAY_PREFIX}test_gen_batch meta info: {{'validate': False}}\n{WORKER_NOISE}"
+        worker_traceback, driver_traceback, root, wrapper = _ray_error_tracebacks()
+        self.run.error_line, self.run.error_wrapper = root, wrapper
+        if ray_prefixed:  # the worker printed its own traceback, which Ray forwards with its prefix
+            worker = "".join(f"{WORKER_PREFIX}{line}\n" for line in worker_traceback.splitlines())
+            return worker + f"{WORKER_NOISE}\n" + driver_traceback
+        return "Error executing job with overrides: ['trainer.total_training_steps=100']\n" + driver_traceback
 
     def _dump(self, step: int, truth: StepTruth) -> None:
         self.run.dump_dir = self.directory / "rollout_data"

@@ -13,6 +13,8 @@ from r1_ascend.report.cli import main
 from r1_ascend.report.run import RunInputError, load_run
 from r1_ascend.report.timing import build_timing_table, parse_window
 
+from .conftest import VAL_SAMPLES
+
 DIES_PER_CARD = 2
 N_GPUS = 256
 
@@ -173,9 +175,11 @@ def test_tensorboard_only_run(run_writer) -> None:
 
 def test_resumed_run_last_occurrence_wins_and_resume_is_reported(run_writer, tmp_path: Path) -> None:
     writer = run_writer("resumed", seed=8)
-    writer.segment(range(1, 8), log_name="train_part1.log", tensorboard=True)  # crashed after step 7
+    writer.segment(range(1, 8), log_name="train_part1.log", tensorboard=True, planned=10)  # crashed after step 7
     # restart from the step-5 checkpoint: verl validates at step 5, then re-runs 6 and 7 and continues
-    writer.segment(range(6, 11), log_name="train_part2.log", tensorboard=True, resumed_from=5, val_before_train_step=5)
+    writer.segment(
+        range(6, 11), log_name="train_part2.log", tensorboard=True, resumed_from=5, val_before_train_step=5, planned=10
+    )
     truth = writer.run.truth
     run = load_run(writer.run.log_files)
 
@@ -185,7 +189,7 @@ def test_resumed_run_last_occurrence_wins_and_resume_is_reported(run_writer, tmp
     # step 5 keeps its training metrics from part 1 and takes the validation of part 2
     assert run.steps[5]["actor/entropy"] == truth[5].entropy
     for source, acc in truth[5].val_acc.items():
-        assert run.steps[5][f"val-core/{source}/acc/mean@1"] == pytest.approx(acc)
+        assert run.steps[5][f"val-core/{source}/acc/mean@{VAL_SAMPLES}"] == pytest.approx(acc)
     assert len(run.resume_points) == 1
     point = run.resume_points[0]
     assert (point.restart_step, point.previous_max) == (5, 7)

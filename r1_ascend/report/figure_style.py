@@ -1,0 +1,126 @@
+"""Drawing rules that keep the report's curves legible.
+
+- One colour per series in a whole figure (all panels together), never grey (grey marks resume points) nor black
+  (black marks a logged threshold).
+- The legend sits to the right of each panel, outside the plotted area, so it never covers data.
+- A series identical to one already drawn in the same panel (e.g. ``critic/score/mean`` and ``critic/rewards/mean``
+  when the KL penalty is not in the reward, as in GRPO) is drawn dashed with hollow markers on top of a wider line,
+  and its legend entry says which series it equals.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from r1_ascend.report.figures import Panel
+
+FIGURE_WIDTH_PX = 1200
+FIGURE_HEIGHT_PX = 700
+DPI = 100
+RESUME_COLOR = "#7f7f7f"
+REFERENCE_COLOR = "#000000"
+# matplotlib's tab10 without its grey, then Dark2 and Set1 tones that differ from them.
+_PALETTE = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#bcbd22",
+    "#17becf",
+    "#1b9e77",
+    "#7570b3",
+    "#e6ab02",
+    "#a6761d",
+    "#66a61e",
+    "#f781bf",
+    "#4daf4a",
+)
+
+
+def colours(count: int) -> list[str]:
+    """``count`` distinct colours; beyond the palette, evenly spaced hues of the turbo map (all distinct)."""
+    if count <= len(_PALETTE):
+        return list(_PALETTE[:count])
+    from matplotlib import colormaps
+    from matplotlib.colors import to_hex
+
+    cmap = colormaps["turbo"]
+    return [to_hex(cmap(0.05 + 0.9 * i / (count - 1))) for i in range(count)]
+
+
+def identical_to(series: dict[str, tuple[list[int], list[float]]]) -> dict[str, str]:
+    """For each series equal (same steps, values within 1e-12 relative) to an earlier one: the earlier one's name."""
+    names = list(series)
+    found: dict[str, str] = {}
+    for index, name in enumerate(names):
+        steps, values = series[name]
+        for earlier in names[:index]:
+            if earlier in found:
+                continue
+            other_steps, other_values = series[earlier]
+            if steps == other_steps and all(
+                math.isclose(a, b, rel_tol=1e-12, abs_tol=0.0) for a, b in zip(values, other_values, strict=True)
+            ):
+                found[name] = earlier
+                break
+    return found
+
+
+def build_figure(title: str, panels: list[Panel], resume_steps: list[int]) -> Figure:
+    """A figure of stacked panels sharing the step axis; see the module docstring for the rules."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(FIGURE_WIDTH_PX / DPI, FIGURE_HEIGHT_PX / DPI), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(figure)
+    axes_list = figure.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
+    palette = iter(colours(sum(len(p.series) for p in panels)))
+    for axes, panel in zip(axes_list, panels, strict=True):
+        duplicates = identical_to(panel.series)
+        for label, (steps, values) in panel.series.items():
+            colour = next(palette)
+            marker = "." if len(steps) < 60 else None
+            if label in duplicates:
+                axes.plot(
+                    steps,
+                    values,
+                    color=colour,
+                    linestyle=(0, (4, 3)),
+                    linewidth=1.6,
+                    marker="o" if marker else None,
+                    markerfacecolor="none",
+                    zorder=3,
+                    label=f"{label} (identical to {duplicates[label]})",
+                )
+            else:
+                wide = label in duplicates.values()
+                axes.plot(
+                    steps,
+                    values,
+                    color=colour,
+                    linewidth=4.0 if wide else 1.5,
+                    alpha=0.55 if wide else 1.0,
+                    marker=marker,
+                    zorder=2,
+                    label=label,
+                )
+        if panel.reference is not None:
+            label, (steps, values) = panel.reference
+            axes.plot(steps, values, color=REFERENCE_COLOR, linestyle=":", drawstyle="steps-post", label=label)
+        for index, step in enumerate(resume_steps):
+            axes.axvline(
+                step, color=RESUME_COLOR, linestyle="--", linewidth=0.8, label="resume" if index == 0 else None
+            )
+        axes.set_ylabel(panel.ylabel)
+        axes.grid(True, alpha=0.3)
+        axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    axes_list[-1].set_xlabel("training step")
+    figure.suptitle(title)
+    return figure

@@ -1,0 +1,116 @@
+"""Curves: overlong responses, rollout–actor consistency, validation, and the legibility rules of every figure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from matplotlib.colors import to_hex
+
+from r1_ascend.report.cli import main
+from r1_ascend.report.figure_style import REFERENCE_COLOR, RESUME_COLOR, build_figure, colours
+from r1_ascend.report.figures import FIGURES
+from r1_ascend.report.run import load_run
+
+from .conftest import GUARD_THRESHOLD, VAL_SAMPLES, VAL_SOURCES, RunWriter
+
+
+def _drift(step: int) -> float:
+    return 0.05 if step < 8 else 0.9  # the rollout decodes from stale weights from step 8 on
+
+
+@pytest.fixture(scope="module")
+def rich_run(verl_modules, tmp_path_factory):
+    writer = RunWriter(verl_modules, tmp_path_factory.mktemp("figures") / "rich", seed=31)
+    writer.segment(range(1, 9), log_name="part1.log", planned=12, death="kill", log_prob_drift=_drift)
+    writer.segment(
+        range(6, 13), log_name="part2.log", planned=12, resumed_from=5, val_before_train_step=5, log_prob_drift=_drift
+    )
+    return writer.run
+
+
+def _lines_by_axes(figure) -> list[list]:
+    return [[line for line in axes.get_lines()] for axes in figure.axes]
+
+
+@pytest.mark.parametrize("spec", FIGURES, ids=[spec.filename for spec in FIGURES])
+def test_every_figure_is_legible(rich_run, spec) -> None:
+    run = load_run(rich_run.log_files)
+    panels = [p for p in spec.build(run, 2) if p.series]
+    if not panels:
+        pytest.skip(f"{spec.filename}: no data in this fixture")
+    figure = build_figure(spec.title, panels, sorted({p.restart_step for p in run.resume_points}))
+    figure.canvas.draw()
+    data_colours = []
+    for axes, lines in zip(figure.axes, _lines_by_axes(figure), strict=True):
+        data = [line for line in lines if to_hex(line.get_color()) not in (RESUME_COLOR, REFERENCE_COLOR)]
+        data_colours += [to_hex(line.get_color()) for line in data]
+        # the legend is outside the plotted area: its box does not overlap the axes' box
+        legend_box = axes.get_legend().get_window_extent()
+        axes_box = axes.get_window_extent()
+        assert legend_box.x0 >= axes_box.x1, spec.filename
+        # a series that equals another is drawn differently and says so in the legend
+        styles = [(line.get_linestyle(), line.get_linewidth()) for line in data]
+        for index, line in enumerate(data):
+            if "(identical to " in line.get_label():
+                twin = line.get_label().split(" (identical to ", 1)[1][:-1]
+                original = next(other for other in data if other.get_label() == twin)
+                assert styles[index] != styles[data.index(original)]
+    assert len(data_colours) == len(set(data_colours)), f"{spec.filename} reuses a colour: {data_colours}"
+
+
+def test_identical_reward_and_score_are_both_visible(rich_run) -> None:
+    run = load_run(rich_run.log_files)
+    panels = next(spec for spec in FIGURES if spec.filename == "reward.png").build(run, 2)
+    figure = build_figure("reward", panels, [])
+    labels = [line.get_label() for line in figure.axes[0].get_lines()]
+    # GRPO without a KL penalty in the reward: verl's score and reward curves coincide
+    assert "critic/score/mean (identical to critic/rewards/mean)" in labels
+
+
+def test_colours_stay_distinct_beyond_the_palette() -> None:
+    for count in (1, 9, 16, 17, 40):
+        assert len(set(colours(count))) == count
+        assert RESUME_COLOR not in colours(count)
+
+
+def test_report_plots_clip_ratio_consistency_and_validation(rich_run, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert main([*map(str, rich_run.log_files), "--out", str(out)]) == 0
+    report = (out / "report.md").read_text(encoding="utf-8")
+    for name in ("response_length", "rollout_consistency", "validation"):
+        assert (out / f"{name}.png").stat().st_size > 10_000, name
+
+    run = load_run(rich_run.log_files)
+    length = next(spec for spec in FIGURES if spec.filename == "response_length.png").build(run, 2)
+    assert "response_length/clip_ratio" in length[1].series
+    steps, values = length[1].series["response_length/clip_ratio"]
+    # the clip ratio is the share of responses at max length, as the fixture drew them (RESPONSE_WIDTH = 32)
+    for step, value in zip(steps, values, strict=True):
+        lengths = rich_run.truth[step].response_lengths
+        assert value == pytest.approx(sum(n == 32 for n in lengths) / len(lengths))
+
+    consistency = next(spec for spec in FIGURES if spec.filename == "rollout_consistency.png").build(run, 2)
+    guard, verl_diff, pearson = consistency
+    assert set(guard.series) == {"rollout_guard/log_prob_abs_diff_mean", "rollout_guard/log_prob_abs_diff_max"}
+    assert guard.reference is not None
+    assert set(guard.reference[1][1]) == {GUARD_THRESHOLD}
+    assert set(verl_diff.series) == {
+        "training/rollout_probs_diff_max",
+        "training/rollout_probs_diff_mean",
+        "training/rollout_probs_diff_std",
+    }
+    assert list(pearson.series) == ["training/rollout_actor_probs_pearson_corr"]
+    # the table names the steps where the guard's max passed the threshold (stale weights from step 8 on)
+    line = next(row for row in report.splitlines() if row.startswith("| `rollout_guard/log_prob_abs_diff_max`"))
+    above = [s for s in range(1, 13) if run.steps[s]["rollout_guard/log_prob_abs_diff_max"] > GUARD_THRESHOLD]
+    assert above == list(range(8, 13))
+    assert line.endswith("| steps 8, 9, 10, 11, 12 |")
+
+    # validation: mean accuracy over the samples of each set, per validation step
+    assert f"| step | {VAL_SOURCES[0]} acc mean@{VAL_SAMPLES} | {VAL_SOURCES[1]} acc mean@{VAL_SAMPLES} |" in report
+    val_steps = sorted(s for s, t in rich_run.truth.items() if t.val_acc)
+    assert val_steps == [5, 10]
+    for step in val_steps:
+        cells = " | ".join(f"{rich_run.truth[step].val_acc[source]:.4f}" for source in VAL_SOURCES)
+        assert f"| {step} | {cells} |" in report
