@@ -271,6 +271,7 @@ def _check_engine_options_for(rollout_config: Any, model_config: Any) -> None:
         is_moe=experts > 0,
         dp_size=dp_size,
         dp_groups="vllm_dp_ep_groups" in applied_names(),
+        live_params="vllm_ascend_torchair_live_params" in applied_names(),
     )
     if problems:
         msg = "rollout engine options cannot work on vllm-ascend 0.9.1: " + "; ".join(problems)

@@ -316,6 +316,8 @@ def check_rollout_engine(run: Run) -> Iterator[Finding]:
             is_moe=run.model.is_moe,
             dp_size=dp_size,
             dp_groups=_patch_enabled("vllm_dp_ep_groups", run.full_env),
+            offload=_patch_enabled("vllm_rollout_offload", run.full_env),
+            live_params=_patch_enabled("vllm_ascend_torchair_live_params", run.full_env),
         )
     if not str(rollout.load_format).startswith("dummy"):
         problems.append(
