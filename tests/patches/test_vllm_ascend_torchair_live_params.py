@@ -34,7 +34,7 @@ class FakeTorchair:
     def __init__(self) -> None:
         self.configs: list[Any] = []
 
-    def CompilerConfig(self) -> Any:  # noqa: N802 - torchair's name
+    def CompilerConfig(self) -> Any:
         config = types.SimpleNamespace(experimental_config=types.SimpleNamespace())
         self.configs.append(config)
         return config
@@ -101,7 +101,8 @@ def test_stock_method_freezes_parameters_and_the_patched_one_does_not(device: Fa
     live_config = device.configs[-1]
     assert live_config is not stock_config
     assert live_config.experimental_config.frozen_parameter is False
-    assert vars(live_config.experimental_config) == {**vars(stock_config.experimental_config), "frozen_parameter": False}
+    expected = {**vars(stock_config.experimental_config), "frozen_parameter": False}
+    assert vars(live_config.experimental_config) == expected
     assert device.calls == ["hcom", "compile_mode {'jit_compile': False}"] * 2
     assert runner.torchair_compiled_model is compiled
     assert NPUModelRunner._get_torchair_lazy_compiled_model(runner, 16) is compiled, "compiled once, then cached"
@@ -139,7 +140,7 @@ def test_cached_graph_mode_and_bad_sizes_are_refused(device: FakeTorchair) -> No
     assert device.configs == []
 
 
-def test_upstream_that_changed_a_mirrored_statement_is_refused() -> None:
+def test_upstream_that_changed_a_mirrored_statement_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     from vllm_ascend.worker import model_runner_v1
 
     source = textwrap.dedent(
@@ -152,19 +153,16 @@ def test_upstream_that_changed_a_mirrored_statement_is_refused() -> None:
         """
     )
     namespace = dict(vars(model_runner_v1))
-    exec(compile(source, model_runner_v1.__file__, "exec"), namespace)  # noqa: S102 - a drifted upstream stand-in
+    exec(compile(source, model_runner_v1.__file__, "exec"), namespace)
     drifted = namespace["_get_torchair_lazy_compiled_model"]
     drifted.__module__ = model_runner_v1.__name__
     import inspect
 
-    drifted_source = source
-    original_getsource = inspect.getsource
-    try:
-        inspect.getsource = lambda obj: drifted_source if obj is drifted else original_getsource(obj)
-        with pytest.raises(PatchTargetError, match=f"R1_ASCEND_DISABLE={NAME}") as info:
-            build(drifted)
-    finally:
-        inspect.getsource = original_getsource
+    real_getsource = inspect.getsource
+    monkeypatch.setattr(inspect, "getsource", lambda obj: source if obj is drifted else real_getsource(obj))
+    with pytest.raises(PatchTargetError, match=f"R1_ASCEND_DISABLE={NAME}") as info:
+        build(drifted)
+    monkeypatch.undo()
     assert "frozen_parameter = True" in str(info.value)
     check_upstream(model_runner_v1.NPUModelRunner._get_torchair_lazy_compiled_model)
 
