@@ -7,7 +7,8 @@ Order matters and is deliberate:
    offloading rollout needs;
 4. ``vllm_rollout_offload`` swaps verl's sync vLLM rollout for ours, which relies on 1, 2 and 3;
 5. ``mindspeed_torch_compile`` wraps the worker method that builds that rollout;
-6. ``verl_onpolicy_logprob`` changes the actor update and depends on nothing above.
+6. ``verl_onpolicy_logprob`` changes the actor update and depends on nothing above;
+7. ``verl_rollout_guard`` wraps the trainer's loop last, so it sees the worker group after 6 changed it.
 """
 
 from __future__ import annotations
@@ -137,6 +138,22 @@ PATCHES: tuple[PatchSpec, ...] = (
             Target("verl.workers.actor.megatron_actor", "get_policy_loss_fn", "verl", params=("name",)),
         ),
         requires=MappingProxyType({"verl": "0.6.1"}),
+        processes=("driver", "worker"),
+    ),
+    PatchSpec(
+        name="verl_rollout_guard",
+        summary="Compare rollout and actor log-probs of the sampled tokens every step; stop the run on a mismatch.",
+        targets=(
+            Target("verl.trainer.ppo.ray_trainer", "RayPPOTrainer.fit", "verl", params=("self",)),
+            Target(
+                "verl.trainer.ppo.rollout_corr_helper",
+                "compute_rollout_corr_metrics_from_logprobs",
+                "verl",
+                params=("log_prob", "rollout_log_prob", "response_mask"),
+            ),
+            Target("vllm.v1.sample.sampler", "Sampler.forward", "vllm", params=("self", "logits", "sampling_metadata")),
+        ),
+        requires=MappingProxyType({"verl": "0.6.1", "vllm": "0.9.1"}),
         processes=("driver", "worker"),
     ),
 )

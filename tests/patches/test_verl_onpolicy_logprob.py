@@ -72,14 +72,27 @@ def test_exactly_on_policy_config_turns_the_shortcut_on(on_policy_config: DictCo
         ("actor_rollout_ref.actor.ppo_epochs=2", "ppo_epochs=2"),
         ("actor_rollout_ref.actor.ppo_mini_batch_size=2", "ppo_mini_batch_size=2 != data.train_batch_size=4"),
         ("algorithm.use_kl_in_reward=true", "use_kl_in_reward"),
-        ("actor_rollout_ref.rollout.calculate_log_probs=true", "calculate_log_probs"),
+        (
+            ("actor_rollout_ref.rollout.calculate_log_probs=true", "algorithm.rollout_correction.rollout_is=token"),
+            "rollout_is=token",
+        ),
+        (
+            ("actor_rollout_ref.rollout.calculate_log_probs=true", "algorithm.rollout_correction.rollout_rs=token"),
+            "rollout_rs=token",
+        ),
         ("algorithm.rollout_correction.bypass_mode=true", "bypass_mode"),
     ],
 )
-def test_anything_but_exactly_on_policy_keeps_stock(override: str, reason: str) -> None:
-    active, reasons = shortcut_decision(compose(*ON_POLICY, override))
+def test_anything_but_exactly_on_policy_keeps_stock(override: str | tuple[str, ...], reason: str) -> None:
+    overrides = (override,) if isinstance(override, str) else override
+    active, reasons = shortcut_decision(compose(*ON_POLICY, *overrides))
     assert not active
     assert any(reason in r for r in reasons), reasons
+
+
+def test_rollout_log_probs_alone_keep_the_shortcut() -> None:
+    """The rollout guard needs calculate_log_probs; without IS/RS verl reads no old log-probs on the driver."""
+    assert shortcut_decision(compose(*ON_POLICY, "actor_rollout_ref.rollout.calculate_log_probs=true")) == (True, [])
 
 
 def test_switch_absent_means_off() -> None:
