@@ -555,9 +555,22 @@ def check_patches(run: Run) -> Iterator[Finding]:
 def check_memory(run: Run) -> Iterator[Finding]:
     if run.model is None or run.train is None or run.rollout is None or run.stages is None:
         return
-    run.memory = estimate(
-        MemoryInputs(run.model, run.train, run.stages, run.rollout.tp, run.rollout.dp, run.config, run.die_bytes)
-    )
+    try:
+        run.memory = estimate(
+            MemoryInputs(
+                run.model,
+                run.train,
+                run.stages,
+                run.rollout.tp,
+                run.rollout.dp,
+                run.config,
+                run.die_bytes,
+                run.full_env,
+            )
+        )
+    except ValueError as exc:  # a malformed memory-related environment variable (HCCL_BUFFSIZE)
+        yield Finding("memory", ERROR, str(exc))
+        return
     for phase in run.memory:
         share = phase.total / phase.budget_bytes if phase.budget_bytes else 0.0
         text = (
