@@ -90,6 +90,17 @@ def check_rollout_config(config: Any) -> None:
         raise RolloutGuardConfigError(msg)
 
 
+def config_problems(config: Any) -> list[str]:
+    """Everything ``fit`` would refuse about the guard's settings, as messages (for ``r1-ascend preflight``)."""
+    try:
+        settings = GuardConfig.from_config(config)
+        if settings.enabled:
+            check_rollout_config(config)
+    except RolloutGuardConfigError as exc:
+        return [str(exc)]
+    return []
+
+
 @dataclass(frozen=True)
 class DiffStats:
     """|Δ log-prob| summed, counted and maximised over valid response tokens."""

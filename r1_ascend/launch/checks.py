@@ -319,6 +319,10 @@ def check_rollout_engine(run: Run) -> Iterator[Finding]:
             offload=_patch_enabled("vllm_rollout_offload", run.full_env),
             live_params=_patch_enabled("vllm_ascend_torchair_live_params", run.full_env),
         )
+    if _patch_enabled("verl_rollout_guard", run.full_env):
+        from r1_ascend.patches._rollout_guard import config_problems
+
+        problems += config_problems(run.config)
     if not str(rollout.load_format).startswith("dummy"):
         problems.append(
             f"actor_rollout_ref.rollout.load_format={rollout.load_format}: the rollout gets its weights from the "
