@@ -465,6 +465,9 @@ def test_rollout_refuses_engine_options_vllm_ascend_rejects() -> None:
         enable_expert_parallel=True,
         additional_config={"refresh": True, "torchair_graph_config": {"enabled": True, "graph_batch_sizes": [64]}},
     )
+    with pytest.raises(RolloutConfigError, match="frozen parameters"):
+        _check_engine_options_for(good, deepseek)  # TorchAir without vllm_ascend_torchair_live_params in this process
+    apply_one(spec_by_name("vllm_ascend_torchair_live_params"))
     _check_engine_options_for(good, deepseek)  # world size 1 here: DP 1, nothing else required
     qwen = types.SimpleNamespace(hf_config=types.SimpleNamespace(model_type="qwen2"))
     with pytest.raises(RolloutConfigError, match="only supported for DeepSeek"):
