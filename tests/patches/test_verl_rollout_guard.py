@@ -12,6 +12,7 @@ are either synced from the actor or, for the stale case, read from memory that n
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from omegaconf import DictConfig, OmegaConf
 
 from r1_ascend.patches import _apply as patch_apply
@@ -330,6 +333,33 @@ def test_padding_outside_the_mask_is_ignored() -> None:
     rollout = torch.tensor([[-1.5, -2.0, -1.0]])  # verl pads rollout log-probs with -1
     stats = guard.DiffStats.from_tensors(actor, rollout, torch.tensor([[1, 1, 0]]))
     assert (stats.abs_sum, stats.tokens, stats.abs_max) == (0.5, 2, 0.5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, 12),
+    cols=st.integers(1, 9),
+    cuts=st.lists(st.integers(1, 11), max_size=4),
+    seed=st.integers(0, 2**16),
+)
+def test_any_split_over_ranks_and_micro_batches_folds_to_the_whole(
+    rows: int, cols: int, cuts: list[int], seed: int
+) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    actor, rollout = torch.randn(rows, cols, generator=generator), torch.randn(rows, cols, generator=generator)
+    mask = (torch.rand(rows, cols, generator=generator) > 0.4).long()
+    whole = guard.DiffStats.from_tensors(actor, rollout, mask)
+    bounds = sorted({0, rows, *(c for c in cuts if c < rows)})
+    per_rank = [
+        {k: [v] for k, v in guard.DiffStats.from_tensors(actor[a:b], rollout[a:b], mask[a:b]).as_raw_metrics().items()}
+        for a, b in itertools.pairwise(bounds)
+    ]
+    merged = {key: [rank[key] for rank in per_rank] for key in guard.RAW_KEYS}  # verl's concat: a list per rank
+    folded = guard.DiffStats.from_raw_metrics(merged)
+    assert folded is not None
+    assert folded.tokens == whole.tokens
+    assert folded.abs_sum == pytest.approx(whole.abs_sum, rel=1e-6, abs=1e-6)
+    assert folded.abs_max == pytest.approx(whole.abs_max)
 
 
 def test_partials_fold_over_ranks_like_one_batch() -> None:
