@@ -3,9 +3,12 @@
 Order matters and is deliberate:
 1. ``vllm_engine_kv_cache_configs`` and 2. ``vllm_dp_ep_groups`` change vLLM itself and must be in place
    before any rollout engine is built;
-3. ``vllm_rollout_offload`` swaps verl's sync vLLM rollout for ours, which relies on 1 and 2;
-4. ``mindspeed_torch_compile`` wraps the worker method that builds that rollout;
-5. ``verl_onpolicy_logprob`` changes the actor update and depends on nothing above.
+3. ``vllm_ascend_torchair_live_params`` makes TorchAir graphs read parameter addresses on every launch, which the
+   offloading rollout needs;
+4. ``vllm_rollout_offload`` swaps verl's sync vLLM rollout for ours, which relies on 1, 2 and 3;
+5. ``mindspeed_torch_compile`` wraps the worker method that builds that rollout;
+6. ``verl_onpolicy_logprob`` changes the actor update and depends on nothing above;
+7. ``verl_rollout_guard`` wraps the trainer's loop last, so it sees the worker group after 6 changed it.
 """
 
 from __future__ import annotations
@@ -72,6 +75,20 @@ PATCHES: tuple[PatchSpec, ...] = (
         processes=("worker",),
     ),
     PatchSpec(
+        name="vllm_ascend_torchair_live_params",
+        summary="Compile the TorchAir decode graph with live parameter addresses, so it reads re-allocated weights.",
+        targets=(
+            Target(
+                "vllm_ascend.worker.model_runner_v1",
+                "NPUModelRunner._get_torchair_lazy_compiled_model",
+                "vllm-ascend",
+                params=("self", "batch_size"),
+            ),
+        ),
+        requires=MappingProxyType({"vllm": "0.9.1", "vllm-ascend": "0.9.1"}),
+        processes=("worker",),
+    ),
+    PatchSpec(
         name="vllm_rollout_offload",
         summary="Release and restore rollout weights and KV cache by hand instead of vLLM sleep mode.",
         targets=(
@@ -121,6 +138,22 @@ PATCHES: tuple[PatchSpec, ...] = (
             Target("verl.workers.actor.megatron_actor", "get_policy_loss_fn", "verl", params=("name",)),
         ),
         requires=MappingProxyType({"verl": "0.6.1"}),
+        processes=("driver", "worker"),
+    ),
+    PatchSpec(
+        name="verl_rollout_guard",
+        summary="Compare rollout and actor log-probs of the sampled tokens every step; stop the run on a mismatch.",
+        targets=(
+            Target("verl.trainer.ppo.ray_trainer", "RayPPOTrainer.fit", "verl", params=("self",)),
+            Target(
+                "verl.trainer.ppo.rollout_corr_helper",
+                "compute_rollout_corr_metrics_from_logprobs",
+                "verl",
+                params=("log_prob", "rollout_log_prob", "response_mask"),
+            ),
+            Target("vllm.v1.sample.sampler", "Sampler.forward", "vllm", params=("self", "logits", "sampling_metadata")),
+        ),
+        requires=MappingProxyType({"verl": "0.6.1", "vllm": "0.9.1"}),
         processes=("driver", "worker"),
     ),
 )

@@ -70,7 +70,14 @@ def vllm_engine_kwargs(config: Any) -> Mapping[str, Any]:
 
 
 def check_engine_options(
-    config: Any, *, model_type: str, is_moe: bool, dp_size: int, dp_groups: bool = True
+    config: Any,
+    *,
+    model_type: str,
+    is_moe: bool,
+    dp_size: int,
+    dp_groups: bool = True,
+    offload: bool = True,
+    live_params: bool = True,
 ) -> list[str]:
     """Engine options vllm-ascend 0.9.1 needs for this model and layout; one message per problem.
 
@@ -82,7 +89,11 @@ def check_engine_options(
       ranks (``enable_expert_parallel``), and ``additional_config.refresh`` must be true: building the DP/EP groups
       before ``LLM()`` initialises vllm-ascend's global ``AscendConfig`` with defaults, which ``LLM()`` would
       otherwise keep (silently ignoring the TorchAir and scheduler settings). With that patch disabled every TP group
-      runs its own engine, and neither applies.
+      runs its own engine, and neither applies;
+    - with the offloading rollout (``offload``), which re-allocates parameter storage every step, no graph may keep
+      the addresses it first saw: ACL graph mode (non-DeepSeek without ``enforce_eager``) is refused; TorchAir graph
+      mode needs the ``vllm_ascend_torchair_live_params`` patch (``live_params``) and neither ``use_cached_graph``
+      nor ``enable_frozen_parameter``.
     """
     kwargs = vllm_engine_kwargs(config)
     additional = kwargs.get("additional_config") or {}
@@ -106,6 +117,8 @@ def check_engine_options(
             f"TorchAir graph mode is only supported for DeepSeek models in vllm-ascend 0.9.1 (model_type "
             f"{model_type!r}); remove {prefix}.additional_config.torchair_graph_config"
         )
+    if offload:
+        problems += _address_capture_problems(config, torchair, graph=graph, deepseek=deepseek, live=live_params)
     if graph:
         sizes = list(torchair.get("graph_batch_sizes") or [])
         if sizes and int(config.max_num_seqs) not in sizes:
@@ -125,4 +138,37 @@ def check_engine_options(
                 "built before LLM(), which leaves vllm-ascend's AscendConfig at its defaults unless refreshed; set "
                 "refresh: true"
             )
+    return problems
+
+
+def _address_capture_problems(
+    config: Any, torchair: Mapping[str, Any], *, graph: bool, deepseek: bool, live: bool
+) -> list[str]:
+    """Graph modes that would keep replaying parameter addresses the offloading rollout has freed."""
+    prefix = "actor_rollout_ref.rollout.engine_kwargs.vllm.additional_config.torchair_graph_config"
+    why = "the offloading rollout frees and re-allocates every parameter's storage each step"
+    problems = []
+    if not config.enforce_eager and not graph and not deepseek:
+        problems.append(
+            f"enforce_eager=False without TorchAir selects ACL graph mode, whose captured NPU graphs replay the "
+            f"parameter addresses of capture time, but {why}; vllm-ascend 0.9.1 has no way to refresh them. Set "
+            f"actor_rollout_ref.rollout.enforce_eager=True"
+        )
+    if graph and not live:
+        problems.append(
+            f"TorchAir graph mode with frozen parameters (patch vllm_ascend_torchair_live_params disabled) keeps the "
+            f"parameter addresses of its first run, but {why}. Enable that patch (remove it from R1_ASCEND_DISABLE) "
+            f"or set actor_rollout_ref.rollout.enforce_eager=True"
+        )
+    if graph and torchair.get("use_cached_graph", False):
+        problems.append(
+            f"{prefix}.use_cached_graph=true serialises graphs with frozen parameter addresses, but {why}; set it "
+            f"to false"
+        )
+    if graph and torchair.get("enable_frozen_parameter", False):
+        problems.append(
+            f"{prefix}.enable_frozen_parameter=true asks TorchAir to keep parameter addresses, but {why} (vllm-ascend "
+            f"0.9.1 ignores this key; the vllm_ascend_torchair_live_params patch never freezes); remove it or set "
+            f"it to false"
+        )
     return problems

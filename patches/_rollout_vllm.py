@@ -26,6 +26,7 @@ from verl.utils.memory_utils import aggressive_empty_cache
 from verl.workers.rollout.vllm_rollout.vllm_rollout_spmd import vLLMRollout
 
 from . import _rollout_memory as memory
+from ._rng import accelerator_module, preserved_rng_state
 from ._rollout_config import (
     RolloutConfigError,
     check_batched_tokens,
@@ -195,7 +196,9 @@ class NPUOffloadVLLMRollout(vLLMRollout):
             )
             raise RolloutMemoryError(msg)
         configs = saved_kv_cache_configs(self._parts.engine_core)
-        self._parts.engine_core.model_executor.initialize_from_config(configs)
+        # initialize_from_config re-runs compile_or_warm_up_model, which reseeds every generator (see _rng).
+        with preserved_rng_state(accelerator_module()):
+            self._parts.engine_core.model_executor.initialize_from_config(configs)
         self.inference_engine.reset_prefix_cache()
         self._kv_resident = True
         logger.info("rollout KV cache rebuilt with the start-up configs (%d blocks)", configs[0].num_blocks)
@@ -271,6 +274,7 @@ def _check_engine_options_for(rollout_config: Any, model_config: Any) -> None:
         is_moe=experts > 0,
         dp_size=dp_size,
         dp_groups="vllm_dp_ep_groups" in applied_names(),
+        live_params="vllm_ascend_torchair_live_params" in applied_names(),
     )
     if problems:
         msg = "rollout engine options cannot work on vllm-ascend 0.9.1: " + "; ".join(problems)

@@ -12,7 +12,8 @@ Why: MindSpeed replaces torch.compile with dummy_compile for the whole process s
 compiled. The vLLM-Ascend rollout lives in the same process, so its TorchAir graph mode silently gets an uncompiled
 model (TorchAir roughly doubles decode throughput). The predecessors swapped torch.compile without try/finally, so
 a failed rollout build left the real compiler active for training.
-How: a context manager around the stock _build_rollout. On entry it looks the registry entry up (a missing entry
+How: a context manager around the stock _build_rollout; every step of the switch, remove_patch included, runs
+inside its try/finally. On entry it looks the registry entry up (a missing entry
 or a missing MindSpeed is a PatchTargetError naming what was expected), then asks MindSpeed itself to undo the
 entry (Patch.remove_patch), which puts the real torch.compile back on torch and on every non-MindSpeed module
 attribute named compile that held the stand-in, so `from torch import compile` copies are covered. On exit, also
@@ -123,15 +124,19 @@ def real_torch_compile(*, mindspeed_commit: str = "(unpinned)") -> Iterator[None
             )
             raise PatchTargetError(msg)
         stand_in = entry.patch_func
-        entry.remove_patch()
+        # Every step of the window, including remove_patch itself (it rebinds many modules one by one and may stop
+        # halfway), runs inside the try: whatever happened, the finally puts MindSpeed's stand-in back everywhere.
         try:
+            entry.remove_patch()
             if torch.compile is not entry.orig_func:
                 msg = f"patch {NAME!r}: MindSpeed's remove_patch left torch.compile as {torch.compile!r}"
                 raise PatchTargetError(msg)
             logger.info("patch %s: real torch.compile while the rollout is built", NAME)
             yield
         finally:
-            if stand_in is not None:
-                entry.set_patch_func(stand_in, force_patch=True)
-            entry.apply_patch()
-            logger.info("patch %s: MindSpeed's torch.compile stand-in restored", NAME)
+            try:
+                if stand_in is not None:
+                    entry.set_patch_func(stand_in, force_patch=True)
+            finally:
+                entry.apply_patch()
+                logger.info("patch %s: MindSpeed's torch.compile stand-in restored", NAME)

@@ -17,8 +17,11 @@ How: switched on by the top-level config key r1_ascend.onpolicy_logprob_shortcut
 dataclasses reject unknown keys, so it cannot live there). When the trainer's workers are built, the driver
 decides from the whole config: on only if ppo_epochs == 1, ppo_mini_batch_size == data.train_batch_size (verl
 multiplies both by rollout.n, so one mini-batch then holds the whole batch), use_kl_in_reward is false,
-rollout.calculate_log_probs is false and rollout_correction.bypass_mode is false (those read old log-probs on the
-driver). If requested but not eligible it logs why and keeps stock behaviour. When on, compute_log_prob returns
+rollout_correction.bypass_mode is false, and, when rollout.calculate_log_probs is true, rollout_correction sets
+none of rollout_is, rollout_rs, rollout_token_veto_threshold (those read old log-probs on the driver; with all of
+them null verl only logs rollout_corr/* and training/rollout_probs_diff_* metrics, which are then NaN, and the
+verl_rollout_guard patch measures the mismatch inside the update instead).
+If requested but not eligible it logs why and keeps stock behaviour. When on, compute_log_prob returns
 NaN placeholders for old_log_probs and entropys plus a marker in meta_info holding the batch size, without calling
 the workers. On the worker, forward_backward_batch sees the marker, checks ppo_epochs == 1 and that its mini-batch
 times the data-parallel size is that batch size, and within the update the policy loss receives
@@ -60,6 +63,8 @@ CONFIG_KEY = "r1_ascend.onpolicy_logprob_shortcut"
 MARKER = "r1_ascend_onpolicy_batch_size"
 #: Metric logged by the actor when the shortcut was used for an update.
 METRIC = "actor/onpolicy_shortcut"
+#: rollout_correction settings with which verl's driver reads old log-probs (given rollout log-probs) before the update.
+READS_OLD_LOG_PROBS = ("rollout_is", "rollout_rs", "rollout_token_veto_threshold")
 
 _active: contextvars.ContextVar[bool] = contextvars.ContextVar("r1_ascend_onpolicy_update", default=False)
 
@@ -93,9 +98,14 @@ def shortcut_decision(config: Any) -> tuple[bool, list[str]]:
         )
     if config.algorithm.get("use_kl_in_reward", False):
         reasons.append("algorithm.use_kl_in_reward=true (the KL reward reads old log-probs on the driver)")
-    if rollout.get("calculate_log_probs", False):
-        reasons.append("actor_rollout_ref.rollout.calculate_log_probs=true (rollout correction reads old log-probs)")
     correction = config.algorithm.get("rollout_correction") or {}
+    if rollout.get("calculate_log_probs", False):
+        for key in READS_OLD_LOG_PROBS:
+            if correction.get(key) is not None:
+                reasons.append(
+                    f"algorithm.rollout_correction.{key}={correction.get(key)} with rollout.calculate_log_probs=true "
+                    f"(rollout correction weights or rejects tokens using old log-probs on the driver)"
+                )
     if correction.get("bypass_mode", False):
         reasons.append("algorithm.rollout_correction.bypass_mode=true (verl already skips the pass)")
     return not reasons, reasons

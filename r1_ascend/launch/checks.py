@@ -316,7 +316,13 @@ def check_rollout_engine(run: Run) -> Iterator[Finding]:
             is_moe=run.model.is_moe,
             dp_size=dp_size,
             dp_groups=_patch_enabled("vllm_dp_ep_groups", run.full_env),
+            offload=_patch_enabled("vllm_rollout_offload", run.full_env),
+            live_params=_patch_enabled("vllm_ascend_torchair_live_params", run.full_env),
         )
+    if _patch_enabled("verl_rollout_guard", run.full_env):
+        from r1_ascend.patches._rollout_guard import config_problems
+
+        problems += config_problems(run.config)
     if not str(rollout.load_format).startswith("dummy"):
         problems.append(
             f"actor_rollout_ref.rollout.load_format={rollout.load_format}: the rollout gets its weights from the "
@@ -553,9 +559,22 @@ def check_patches(run: Run) -> Iterator[Finding]:
 def check_memory(run: Run) -> Iterator[Finding]:
     if run.model is None or run.train is None or run.rollout is None or run.stages is None:
         return
-    run.memory = estimate(
-        MemoryInputs(run.model, run.train, run.stages, run.rollout.tp, run.rollout.dp, run.config, run.die_bytes)
-    )
+    try:
+        run.memory = estimate(
+            MemoryInputs(
+                run.model,
+                run.train,
+                run.stages,
+                run.rollout.tp,
+                run.rollout.dp,
+                run.config,
+                run.die_bytes,
+                run.full_env,
+            )
+        )
+    except ValueError as exc:  # a malformed memory-related environment variable (HCCL_BUFFSIZE)
+        yield Finding("memory", ERROR, str(exc))
+        return
     for phase in run.memory:
         share = phase.total / phase.budget_bytes if phase.budget_bytes else 0.0
         text = (

@@ -17,18 +17,23 @@ Formulas (BF16 = 2 bytes; "params/die" = the parameters one die holds):
   with flash attention) and the routed tokens of an MoE layer; the last stage adds FP32 logits and their gradient,
   8 x tokens x vocab / TP bytes.
 
-Whatever offload leaves on the device during the other phase is added to it (actor weights during the rollout when
+Memory that no offload releases is counted in both phases (r1_ascend.launch.resident): the rollout's buffers and
+persistent runner tensors, TorchAir graph memory (assumed per graph) and the HCCL buffers of every communicator
+(2 x HCCL_BUFFSIZE MB each, read from the launch environment). Whatever offload leaves on the device during the other
+phase is added to it (actor weights during the rollout when
 param_offload is off; the rollout's reservation, gpu_memory_utilization x die memory, during training when
 free_cache_engine is off). It is an order-of-magnitude check before booking a cluster, not a profiler.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from r1_ascend.launch.layout import TrainLayout
 from r1_ascend.launch.model_info import BF16_BYTES, ModelInfo
+from r1_ascend.launch.resident import resident_rows
 
 GIB = 1024**3
 #: Device memory of one Atlas 800T A3 NPU die. Assumption: an A3 node has 8 Ascend 910C packages with 128 GB HBM
@@ -57,6 +62,7 @@ class MemoryInputs:
     rollout_dp: int
     config: Any  # the resolved run config
     die_bytes: float
+    env: Mapping[str, str] = field(default_factory=dict)  # the launch environment (HCCL_BUFFSIZE)
 
 
 def _stage_param_split(model: ModelInfo, stages: list[int]) -> list[tuple[float, float]]:
@@ -145,10 +151,20 @@ def estimate(inputs: MemoryInputs) -> list[PhaseEstimate]:
         budget_bytes=float(rollout.gpu_memory_utilization) * inputs.die_bytes,
         budget_label=f"gpu_memory_utilization {float(rollout.gpu_memory_utilization):g} x die",
     )
+    kept, hccl = resident_rows(
+        model=model,
+        rollout=rollout,
+        train=train,
+        rollout_tp=inputs.rollout_tp,
+        rollout_dp=inputs.rollout_dp,
+        env=inputs.env,
+    )
     rollout_phase.rows += [
         ("vLLM weights", rollout_weights),
         (f"KV cache ({seqs} seqs x {max_len} tokens)", kv),
         ("workspace (rough)", workspace),
+        *kept,
+        *hccl,
     ]
     resident = []
     if not actor_mega.param_offload:
@@ -177,4 +193,7 @@ def estimate(inputs: MemoryInputs) -> list[PhaseEstimate]:
         update.rows.append(("reference weights kept (ref param_offload off)", weights))
     if not rollout.free_cache_engine:
         update.rows.append(("rollout reservation kept (free_cache_engine off)", rollout_phase.budget_bytes))
+    else:
+        update.rows += kept
+    update.rows += hccl
     return [rollout_phase, update]

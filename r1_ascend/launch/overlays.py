@@ -67,6 +67,12 @@ EXTENSION_KEYS: Mapping[str, str] = {
     "r1_ascend.onpolicy_logprob_shortcut": (
         "r1-ascend: skip the old-log-prob pass on an exactly on-policy update (patch verl_onpolicy_logprob)"
     ),
+    "r1_ascend.rollout_guard.enabled": (
+        "r1-ascend: compare rollout and actor log-probs each step, stop on a mismatch (patch verl_rollout_guard)"
+    ),
+    "r1_ascend.rollout_guard.max_mean_abs_diff": (
+        "r1-ascend: the guard's stop threshold on the step's mean |log-prob difference|, in nats (default 1.0)"
+    ),
 }
 
 #: The keys in which the smoke overlay may differ from the 671B overlay (everything else must be identical, so the

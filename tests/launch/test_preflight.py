@@ -169,6 +169,25 @@ def test_engine_options_vllm_ascend_would_reject_are_refused(smoke_inputs, overr
     assert any(expected in message for message in _errors(findings, "rollout_engine")), findings
 
 
+def test_graph_modes_that_keep_parameter_addresses_are_refused(smoke_inputs):
+    """The offloading rollout re-allocates weights: TorchAir needs the live-params patch and no cached graphs."""
+    env = {**SMOKE_ENV, "R1_ASCEND_DISABLE": "vllm_ascend_torchair_live_params"}
+    _, findings = _findings(smoke_inputs, env=env)
+    assert any("frozen parameters" in m for m in _errors(findings, "rollout_engine"))
+    cached = f"{ENGINE}.additional_config.torchair_graph_config.use_cached_graph=true"
+    _, findings = _findings(smoke_inputs, cached)
+    assert any("use_cached_graph=true" in m for m in _errors(findings, "rollout_engine"))
+
+
+def test_rollout_guard_without_rollout_log_probs_is_refused(smoke_inputs):
+    _, findings = _findings(smoke_inputs, "actor_rollout_ref.rollout.calculate_log_probs=false")
+    assert any("calculate_log_probs=true" in m for m in _errors(findings, "rollout_engine"))
+    _, findings = _findings(
+        smoke_inputs, "actor_rollout_ref.rollout.calculate_log_probs=false", "r1_ascend.rollout_guard.enabled=false"
+    )
+    assert _errors(findings, "rollout_engine") == []
+
+
 def test_dp_requirements_follow_the_dp_patch_switch(smoke_inputs):
     """refresh / expert parallel are needed for the DP/EP groups patch, not when it is switched off."""
     override = f"{ENGINE}.additional_config.refresh=false"

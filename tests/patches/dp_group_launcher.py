@@ -3,8 +3,12 @@
 Usage: ``python dp_group_launcher.py '<json list of scenarios>'`` prints one line per scenario: the marker
 ``DP-RESULT`` and a JSON object (vLLM logs to stdout too). Each
 scenario is ``{"name", "world", "tp", "mode", "env"}``; ``mode`` is ``"groups"`` (call ``init_dp_ep_groups`` with
-backend gloo and report the groups) or ``"wrapper"`` (apply the ``vllm_dp_ep_groups`` patch and construct verl's
-``vLLMRollout``, expecting the configuration to be rejected before ``LLM()``).
+backend gloo and report the groups), ``"wrapper"`` (apply the ``vllm_dp_ep_groups`` patch and construct verl's
+``vLLMRollout``, expecting the configuration to be rejected before ``LLM()``) or ``"wrapper_groups"`` (the same
+construction with a valid configuration: world size and rank come from the gloo group through the patched
+``__init__``, which builds the groups and then hands over to the stock constructor, which fails on the stand-in
+config; the groups are reported). In ``"wrapper_groups"`` verl's
+``get_nccl_backend`` answers ``gloo``: HCCL is the one device boundary.
 
 Why a separate process: importing vLLM and building its global groups changes module state for good, so it must
 not happen inside the pytest process. vLLM is imported once here, then every rank is a ``fork`` of this process
@@ -104,6 +108,8 @@ def _run_rank(rank: int, scenario: dict[str, Any], store_port: int) -> dict[str,
     )
     if scenario["mode"] == "wrapper":
         return _run_wrapper(rank, scenario)
+    if scenario["mode"] == "wrapper_groups":
+        return _run_wrapper_groups(rank, scenario)
     from r1_ascend.patches._dp_groups_impl import init_dp_ep_groups
     from r1_ascend.patches._dp_layout import plan_dp_ep_layout
 
@@ -169,6 +175,37 @@ def _run_wrapper(rank: int, scenario: dict[str, Any]) -> dict[str, Any]:
             "patched": patched_by(vLLMRollout.__init__),
         }
     return {"rank": rank, "raised": None, "patched": patched_by(vLLMRollout.__init__)}
+
+
+def _run_wrapper_groups(rank: int, scenario: dict[str, Any]) -> dict[str, Any]:
+    import verl.utils.device as verl_device
+    from vllm.distributed import parallel_state as ps
+
+    from r1_ascend.patches import apply_one, patched_by, spec_by_name
+
+    verl_device.get_nccl_backend = lambda: "gloo"
+    apply_one(spec_by_name("vllm_dp_ep_groups"))
+    from verl.workers.rollout.vllm_rollout.vllm_rollout_spmd import vLLMRollout
+
+    try:
+        vLLMRollout(config=SimpleNamespace(**scenario["config"]), model_config=None, device_mesh=None)
+        raised = None
+    except Exception as exc:
+        raised = f"{type(exc).__name__}: {exc}"
+    try:
+        built = ps.model_parallel_is_initialized()
+        report = _report(rank, None, ps) if built else {"rank": rank}
+        names = ("VLLM_DP_SIZE", "VLLM_DP_RANK")
+        report.update(
+            built=built,
+            raised=raised,
+            patched=patched_by(vLLMRollout.__init__),
+            env={name: os.environ.get(name) for name in names},
+        )
+        return report
+    finally:
+        ps.destroy_model_parallel()
+        ps.destroy_distributed_environment()
 
 
 def run_scenario(scenario: dict[str, Any]) -> dict[str, Any]:

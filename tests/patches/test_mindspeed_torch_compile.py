@@ -188,3 +188,29 @@ def test_foreign_rebinding_is_reported_not_overwritten(mindspeed: types.ModuleTy
         assert torch.compile is somebody_elses_compile
     finally:
         torch.compile = stand_in
+
+
+def test_remove_patch_failing_halfway_still_restores_the_stand_in(
+    mindspeed: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MindSpeed's remove_patch rebinds module by module; if it stops after torch, the window still closes."""
+    from mindspeed.patch_utils import MindSpeedPatchesManager
+
+    entry = MindSpeedPatchesManager.patches_info["torch.compile"]
+    stand_in = torch.compile
+    user = types.ModuleType("r1_ascend_test_compile_user_halfway")
+    user.compile = stand_in
+    sys.modules[user.__name__] = user
+
+    def remove_halfway() -> None:
+        torch.compile = entry.orig_func  # the first module is done ...
+        raise RuntimeError("remove_patch failed on the next module")  # ... the next one fails
+
+    monkeypatch.setattr(entry, "remove_patch", remove_halfway)
+    try:
+        with pytest.raises(RuntimeError, match="failed on the next module"), real_torch_compile():
+            pytest.fail("the block must not run when the switch failed")
+        assert torch.compile is stand_in
+        assert user.compile is stand_in
+    finally:
+        del sys.modules[user.__name__]

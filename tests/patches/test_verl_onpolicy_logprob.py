@@ -72,14 +72,27 @@ def test_exactly_on_policy_config_turns_the_shortcut_on(on_policy_config: DictCo
         ("actor_rollout_ref.actor.ppo_epochs=2", "ppo_epochs=2"),
         ("actor_rollout_ref.actor.ppo_mini_batch_size=2", "ppo_mini_batch_size=2 != data.train_batch_size=4"),
         ("algorithm.use_kl_in_reward=true", "use_kl_in_reward"),
-        ("actor_rollout_ref.rollout.calculate_log_probs=true", "calculate_log_probs"),
+        (
+            ("actor_rollout_ref.rollout.calculate_log_probs=true", "algorithm.rollout_correction.rollout_is=token"),
+            "rollout_is=token",
+        ),
+        (
+            ("actor_rollout_ref.rollout.calculate_log_probs=true", "algorithm.rollout_correction.rollout_rs=token"),
+            "rollout_rs=token",
+        ),
         ("algorithm.rollout_correction.bypass_mode=true", "bypass_mode"),
     ],
 )
-def test_anything_but_exactly_on_policy_keeps_stock(override: str, reason: str) -> None:
-    active, reasons = shortcut_decision(compose(*ON_POLICY, override))
+def test_anything_but_exactly_on_policy_keeps_stock(override: str | tuple[str, ...], reason: str) -> None:
+    overrides = (override,) if isinstance(override, str) else override
+    active, reasons = shortcut_decision(compose(*ON_POLICY, *overrides))
     assert not active
     assert any(reason in r for r in reasons), reasons
+
+
+def test_rollout_log_probs_alone_keep_the_shortcut() -> None:
+    """The rollout guard needs calculate_log_probs; without IS/RS verl reads no old log-probs on the driver."""
+    assert shortcut_decision(compose(*ON_POLICY, "actor_rollout_ref.rollout.calculate_log_probs=true")) == (True, [])
 
 
 def test_switch_absent_means_off() -> None:
@@ -434,3 +447,48 @@ def test_two_mini_batches_through_update_policy_are_refused(
     megatron_actor.config = _actor_config(on_policy_config, ppo_mini_batch_size=4)
     with pytest.raises(PatchError, match="not be on-policy"):
         _update_policy(megatron_actor, _driver_batch(on_policy_config), monkeypatch)
+
+
+# --- the worker: several actor data-parallel ranks ------------------------------------------------------------------
+
+
+def _per_rank_updates(
+    actor: Any, batch: Any, dp: int, mini_batch_per_rank: int, monkeypatch: pytest.MonkeyPatch
+) -> list[tuple[dict, int]]:
+    """What verl's Megatron worker group does with dp ranks: each rank gets batch.chunk(dp)[rank] and its own
+    ppo_mini_batch_size (verl divides train_batch_size x n by dp); the DP size is what Megatron's parallel_state
+    reports on that rank."""
+    import megatron.core.parallel_state as parallel_state
+
+    monkeypatch.setattr(parallel_state, "get_data_parallel_world_size", lambda *a, **k: dp)
+    actor.config = _actor_config(actor.trainer_config, ppo_mini_batch_size=mini_batch_per_rank)
+    return [_update_policy(actor, shard, monkeypatch) for shard in batch.chunk(dp)]
+
+
+@pytest.mark.parametrize("dp", [2, 4])
+def test_marker_holds_with_several_actor_dp_ranks(
+    megatron_actor: Any, on_policy_config: DictConfig, monkeypatch: pytest.MonkeyPatch, dp: int
+) -> None:
+    """The driver marks the whole batch (8); each of dp ranks updates once on its 8 / dp sequences: on-policy."""
+    apply_one(SPEC)
+    megatron_actor.trainer_config = on_policy_config
+    batch = _driver_batch(on_policy_config)
+    results = _per_rank_updates(megatron_actor, batch, dp, 8 // dp, monkeypatch)
+    assert len(results) == dp
+    for metrics, steps in results:
+        assert steps == 1
+        assert set(metrics[METRIC]) == {1.0}
+        assert set(metrics["actor/ppo_kl"]) == {0.0}
+
+
+@pytest.mark.parametrize("dp", [2, 4])
+def test_each_rank_with_two_mini_batches_is_refused(
+    megatron_actor: Any, on_policy_config: DictConfig, monkeypatch: pytest.MonkeyPatch, dp: int
+) -> None:
+    """Per-rank mini-batch half of its share: each rank would step twice. The check must multiply by DP to see it
+    (without the multiplication the per-rank share alone never equals the marked batch; with the wrong factor a
+    correct layout would be refused, which the test above rules out)."""
+    apply_one(SPEC)
+    megatron_actor.trainer_config = on_policy_config
+    with pytest.raises(PatchError, match=rf"mini-batches of {8 // dp // 2} x {dp} data-parallel ranks"):
+        _per_rank_updates(megatron_actor, _driver_batch(on_policy_config), dp, 8 // dp // 2, monkeypatch)

@@ -326,6 +326,22 @@ SCENARIOS = [
         "config": {"tensor_model_parallel_size": 2, "data_parallel_size": 1, "pipeline_model_parallel_size": 1},
     },
     {
+        "name": "init_w4_tp2",
+        "world": 4,
+        "tp": 2,
+        "mode": "wrapper_groups",
+        "env": {"HCCL_SOCKET_IFNAME": "lo"},
+        "config": {"tensor_model_parallel_size": 2, "data_parallel_size": 1, "pipeline_model_parallel_size": 1},
+    },
+    {
+        "name": "init_w4_tp4",
+        "world": 4,
+        "tp": 4,
+        "mode": "wrapper_groups",
+        "env": {"HCCL_SOCKET_IFNAME": "lo"},
+        "config": {"tensor_model_parallel_size": 4, "data_parallel_size": 1, "pipeline_model_parallel_size": 1},
+    },
+    {
         "name": "no_nic_for_dp_master",
         "world": 4,
         "tp": 2,
@@ -433,3 +449,31 @@ def test_missing_dp_master_ip_fails_on_every_rank_together(worlds: dict[str, dic
         assert "DP master rank 1" in r["error"]
         assert "HCCL_SOCKET_IFNAME" in r["error"]
         assert "DP master rank 0" not in r["error"]
+
+
+@pytest.mark.slow
+def test_patched_init_builds_groups_from_the_real_world_then_runs_stock(worlds: dict[str, dict[str, Any]]) -> None:
+    """World 4, rollout TP 2 through verl's vLLMRollout.__init__: DP 2 x TP 2, EP over all 4, then stock runs."""
+    tp_groups, dp_groups = expected_groups(4, 2)
+    for r in _ranks(worlds, "init_w4_tp2"):
+        assert "error" not in r, r.get("trace")
+        assert r["patched"] == NAME
+        assert r["raised"] is not None, "the stock constructor ran (and failed on the stand-in config)"
+        assert not r["raised"].startswith("DpEp"), r["raised"]
+        assert r["built"] is True
+        rank = r["rank"]
+        assert (r["tp"], r["dp"], r["ep"]) == (tp_groups[rank // 2], dp_groups[rank % 2], [0, 1, 2, 3])
+        assert r["env"] == {"VLLM_DP_SIZE": "2", "VLLM_DP_RANK": str(rank // 2)}
+        assert r["ep_sum"] == 10
+
+
+@pytest.mark.slow
+def test_patched_init_with_dp_1_leaves_the_groups_to_vllm(worlds: dict[str, dict[str, Any]]) -> None:
+    """World 4 = rollout TP 4: DP 1, nothing built before LLM() (vLLM builds its own groups), stock runs."""
+    for r in _ranks(worlds, "init_w4_tp4"):
+        assert "error" not in r, r.get("trace")
+        assert r["patched"] == NAME
+        assert r["raised"] is not None, "the stock constructor ran (and failed on the stand-in config)"
+        assert not r["raised"].startswith("DpEp"), r["raised"]
+        assert r["built"] is False
+        assert r["env"] == {"VLLM_DP_SIZE": "1", "VLLM_DP_RANK": "0"}

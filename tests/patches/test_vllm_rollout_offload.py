@@ -9,6 +9,7 @@ Memory is accounted from tensor storage sizes, independently of the rollout's ow
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import inspect
 import sys
@@ -464,6 +465,9 @@ def test_rollout_refuses_engine_options_vllm_ascend_rejects() -> None:
         enable_expert_parallel=True,
         additional_config={"refresh": True, "torchair_graph_config": {"enabled": True, "graph_batch_sizes": [64]}},
     )
+    with pytest.raises(RolloutConfigError, match="frozen parameters"):
+        _check_engine_options_for(good, deepseek)  # TorchAir without vllm_ascend_torchair_live_params in this process
+    apply_one(spec_by_name("vllm_ascend_torchair_live_params"))
     _check_engine_options_for(good, deepseek)  # world size 1 here: DP 1, nothing else required
     qwen = types.SimpleNamespace(hf_config=types.SimpleNamespace(model_type="qwen2"))
     with pytest.raises(RolloutConfigError, match="only supported for DeepSeek"):
@@ -487,3 +491,66 @@ def test_data_parallel_rollout_needs_expert_parallel_and_refresh(kwargs: dict, e
     assert check_engine_options(config, model_type="deepseek_v3", is_moe=True, dp_size=1) == []
     # with vllm_dp_ep_groups disabled each TP group runs its own engine: neither requirement applies
     assert check_engine_options(config, model_type="deepseek_v3", is_moe=True, dp_size=128, dp_groups=False) == []
+
+
+# --- RNG state across the KV-cache rebuild --------------------------------------------------------------------
+
+
+class DeviceRng:
+    """Stands in for ``torch.npu``'s generator API (get/set_rng_state, manual_seed) with a CPU generator."""
+
+    def __init__(self) -> None:
+        self.generator = torch.Generator().manual_seed(1234)
+
+    def get_rng_state(self) -> torch.Tensor:
+        return self.generator.get_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        self.generator.set_state(state)
+
+    def manual_seed(self, seed: int) -> None:
+        self.generator.manual_seed(seed)
+
+
+def _draws(device: DeviceRng) -> tuple[Any, ...]:
+    import random
+
+    import numpy as np
+
+    return (
+        random.random(),
+        float(np.random.rand()),
+        float(torch.rand(1)),
+        float(torch.rand(1, generator=device.generator)),
+    )
+
+
+@pytest.mark.parametrize("preserve", [True, False])
+def test_kv_cache_rebuild_keeps_the_training_rng_state(
+    rollout: Any, llm: fakes.FakeLLM, rollout_module: types.ModuleType, monkeypatch: pytest.MonkeyPatch, preserve: bool
+) -> None:
+    """The rebuild runs vLLM's real ``set_random_seed`` (as ``compile_or_warm_up_model`` does); the state survives."""
+    from vllm.model_executor import set_random_seed
+
+    device = DeviceRng()
+    monkeypatch.setattr(rollout_module, "accelerator_module", lambda: device)
+    if not preserve:  # the check below must fail without the fix
+        monkeypatch.setattr(rollout_module, "preserved_rng_state", lambda _module: contextlib.nullcontext())
+    rebuild = llm.executor.initialize_from_config
+
+    def initialize_then_reseed(configs: list[Any]) -> None:
+        rebuild(configs)
+        set_random_seed(0)  # what compile_or_warm_up_model ends with; torch.manual_seed also reseeds devices
+        device.manual_seed(0)
+
+    monkeypatch.setattr(llm.executor, "initialize_from_config", initialize_then_reseed)
+    run(rollout.release())
+    run(rollout.resume(["weights"]))
+    run(rollout.update_weights(fakes.stream(fakes.fresh_weights(llm.model))))
+    set_random_seed(7)
+    device.manual_seed(7)
+    expected = _draws(device)
+    set_random_seed(7)
+    device.manual_seed(7)
+    run(rollout.resume(["kv_cache"]))
+    assert (_draws(device) == expected) is preserve

@@ -1,0 +1,209 @@
+"""Compare the rollout's log-probs of its sampled tokens with the actor's every step; stop the run when they disagree.
+
+Target:
+driver — verl.trainer.ppo.ray_trainer.RayPPOTrainer.fit (wrapped: for the run it wraps the trainer's
+``actor_rollout_wg.compute_log_prob`` and ``update_actor``); worker — verl.trainer.ppo.rollout_corr_helper
+compute_rollout_corr_metrics_from_logprobs (wrapped: also returns the partial sums of |Δ log-prob| of each update
+micro-batch) and vllm.v1.sample.sampler.Sampler.forward (wrapped: the returned log-probs are those of the
+temperature-scaled distribution the token was sampled from).
+
+Upstream:
+verl 0.6.1 and vllm 0.9.1. With ``actor_rollout_ref.rollout.calculate_log_probs`` the sync vLLM rollout returns
+``rollout_log_probs`` (the engine's log-prob of each sampled token). ``RayPPOTrainer.fit`` runs the old-log-prob pass
+(``compute_log_prob``) unless ``rollout_correction.bypass_mode``, then ``update_actor``; the Megatron actor's
+``loss_func`` calls ``compute_rollout_corr_metrics_from_logprobs(log_prob, rollout_log_prob, response_mask)`` for every
+micro-batch when ``rollout_log_probs`` is in the batch. vLLM 0.9.1's V1 ``Sampler.forward`` computes log-probs from
+the raw logits, before temperature (later vLLM added ``logprobs_mode``).
+
+Process:
+driver (the TaskRunner running ``RayPPOTrainer.fit``) and worker (the Megatron actor and the in-process vLLM engine).
+
+Why:
+A rollout that decodes from wrong weights (a graph replaying freed parameter addresses, a weight sync that missed
+parameters, a layout bug in the Megatron->HF export) produces plausible text and training goes on for many steps
+on another policy's samples; issue reports across verl and vllm-ascend (wrong outputs after wake-up, accuracy loss
+with EP/DP) show the class recurs. Each step the same tokens' log-probs are available from both sides, so the
+disagreement can be measured for free and a broken rollout stopped at the first step. The comparison is only
+meaningful at equal temperature, which vLLM 0.9.1 does not give (raw-logit log-probs against the actor's
+``logits / temperature``; the recipes sample at 0.9).
+
+How:
+Settings under the top-level key ``r1_ascend.rollout_guard`` (``enabled``, default true; ``max_mean_abs_diff``,
+default 1.0 nat, derived in docs/rollout_guard.md). When enabled, ``fit`` first requires ``calculate_log_probs``,
+then wraps the worker group's methods for the run. If the old-log-prob pass ran, the driver compares its
+``old_log_probs`` with ``rollout_log_probs`` over ``response_mask`` before the update; if the on-policy shortcut
+(verl_onpolicy_logprob) skipped the pass, the actor's own log-probs from the update are used: the wrapped metrics
+function emits per-micro-batch partial sums, verl merges them over data-parallel ranks, and the driver folds them.
+The metrics ``rollout_guard/log_prob_abs_diff_mean``, ``_max``, ``threshold``, ``tokens`` and
+``measured_in_update`` join the step's actor metrics. A mean above the threshold (or NaN) raises
+``RolloutActorMismatchError`` naming the step, the magnitude, the threshold and the likely causes. In the engine,
+``Sampler.forward`` keeps upstream sampling untouched and replaces only the returned log-probs by those of
+``log_softmax(logits / temperature)`` (raw logits for greedy rows), what the actor computes.
+Caveats: one-step-stale weights move log-probs by about the per-step policy change, below bf16 noise, and are not
+stopped; top_p/top_k < 1 in training are not modelled by the actor either; with the shortcut the stop comes after
+that step's update (before its checkpoint), without it before the update.
+
+Upstream fix:
+none at verl 0.6.1: ``calculate_debug_metrics`` logs ``training/rollout_probs_diff_*`` but never stops a run, and
+compares probabilities at mismatched temperatures; vLLM >= 0.10.2 offers ``logprobs_mode="processed_logprobs"``.
+
+Remove when:
+verl stops a run on a rollout/actor log-prob mismatch above a configurable threshold and the pinned vLLM returns
+processed (temperature-scaled) log-probs; then drop this patch and configure verl's check instead.
+
+Disable:
+R1_ASCEND_DISABLE=verl_rollout_guard — no comparison, no rollout_guard/* metrics, vLLM returns raw-logit
+log-probs. Setting r1_ascend.rollout_guard.enabled=false keeps the patch installed but skips the comparison.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from . import _rollout_guard as guard
+
+if TYPE_CHECKING:
+    from ._registry import PatchSpec
+
+logger = logging.getLogger(__name__)
+
+NAME = "verl_rollout_guard"
+#: Temperatures below this are greedy rows in vLLM's sampler (vllm.v1.sample.sampler._SAMPLING_EPS).
+GREEDY_EPS = 1e-5
+
+
+def apply(spec: PatchSpec) -> None:
+    from r1_ascend.patches import install
+
+    install(spec.name, spec.target("RayPPOTrainer.fit"), _build_fit)
+    install(spec.name, spec.target("compute_rollout_corr_metrics_from_logprobs"), _build_metrics_fn)
+    install(spec.name, spec.target("Sampler.forward"), _build_sampler_forward)
+
+
+# --- driver ----------------------------------------------------------------------------------------------------
+
+
+def _build_fit(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def fit(self: Any) -> Any:
+        config = guard.GuardConfig.from_config(self.config)
+        if not config.enabled:
+            logger.warning(
+                "patch %s: %s.enabled=false, rollout and actor log-probs are not compared", NAME, guard.CONFIG_KEY
+            )
+            return original(self)
+        guard.check_rollout_config(self.config)
+        group = self.actor_rollout_wg
+        watcher = StepGuard(self, config)
+        saved = {name: vars(group).get(name) for name in ("compute_log_prob", "update_actor")}
+        group.compute_log_prob = watcher.wrap_compute_log_prob(group.compute_log_prob)
+        group.update_actor = watcher.wrap_update_actor(group.update_actor)
+        try:
+            return original(self)
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    vars(group).pop(name, None)
+                else:
+                    setattr(group, name, value)
+
+    return fit
+
+
+class StepGuard:
+    """Per-run state on the driver: measures each step from the old-log-prob pass or from the update's partials."""
+
+    def __init__(self, trainer: Any, config: guard.GuardConfig) -> None:
+        self.trainer = trainer
+        self.config = config
+        self.pending: guard.DiffStats | None = None
+        self.history: list[dict[str, float]] = []
+
+    @property
+    def step(self) -> int:
+        return int(getattr(self.trainer, "global_steps", -1))
+
+    def wrap_compute_log_prob(self, compute: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        from .verl_onpolicy_logprob import MARKER
+
+        def compute_log_prob(data: Any) -> Any:
+            output = compute(data)
+            self.pending = None
+            if MARKER in output.meta_info:  # the on-policy shortcut skipped the pass: measured in the update
+                return output
+            stats = guard.DiffStats.from_tensors(
+                output.batch["old_log_probs"], data.batch["rollout_log_probs"], data.batch["response_mask"]
+            )
+            guard.check(stats, self.config, step=self.step, in_update=False)
+            self.pending = stats
+            return output
+
+        return compute_log_prob
+
+    def wrap_update_actor(self, update: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        def update_actor(data: Any) -> Any:
+            output = update(data)
+            metrics = output.meta_info.setdefault("metrics", {})
+            from_update = guard.DiffStats.from_raw_metrics(metrics)
+            for key in guard.RAW_KEYS:
+                metrics.pop(key, None)
+            stats, in_update = (self.pending, False) if self.pending is not None else (from_update, True)
+            self.pending = None
+            if stats is None:
+                msg = (
+                    f"rollout guard: step {self.step} produced no rollout log-probs to compare (neither the "
+                    f"old-log-prob pass nor the actor update saw 'rollout_log_probs'); the rollout must return them "
+                    f"(actor_rollout_ref.rollout.calculate_log_probs=true) and the policy loss mode must not be "
+                    f"'rollout_correction'"
+                )
+                raise guard.RolloutActorMismatchError(msg)
+            guard.check(stats, self.config, step=self.step, in_update=in_update)
+            values = guard.metrics(stats, self.config, in_update=in_update)
+            self.history.append(values)
+            metrics.update(values)
+            return output
+
+        return update_actor
+
+
+# --- worker: the actor update ---------------------------------------------------------------------------------
+
+
+def _build_metrics_fn(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def compute_rollout_corr_metrics_from_logprobs(log_prob: Any, rollout_log_prob: Any, response_mask: Any) -> Any:
+        result = dict(original(log_prob, rollout_log_prob, response_mask))
+        result.update(guard.DiffStats.from_tensors(log_prob, rollout_log_prob, response_mask).as_raw_metrics())
+        return result
+
+    return compute_rollout_corr_metrics_from_logprobs
+
+
+# --- worker: the vLLM engine's sampler ------------------------------------------------------------------------
+
+
+def _build_sampler_forward(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def forward(self: Any, logits: Any, sampling_metadata: Any) -> Any:
+        num_logprobs = sampling_metadata.max_num_logprobs
+        if num_logprobs is None or sampling_metadata.all_greedy or sampling_metadata.temperature is None:
+            return original(self, logits, sampling_metadata)
+        processed = temperature_log_probs(logits, sampling_metadata.temperature)  # before upstream edits logits
+        output = original(self, logits, sampling_metadata)
+        sampled = output.sampled_token_ids[:, 0].long()
+        output.logprobs_tensors = self.gather_logprobs(processed, num_logprobs, token_ids=sampled)
+        return output
+
+    return forward
+
+
+def temperature_log_probs(logits: Any, temperature: Any) -> Any:
+    """``log_softmax(logits / T)`` per row in float32; rows with T ~ 0 (greedy) keep the raw-logit log-probs."""
+    import torch
+
+    temp = temperature.to(device=logits.device, dtype=torch.float32)
+    temp = torch.where(temp < GREEDY_EPS, torch.ones_like(temp), temp)
+    return (logits.to(torch.float32) / temp.unsqueeze(1)).log_softmax(dim=-1)

@@ -1,0 +1,410 @@
+"""verl_rollout_guard: a rollout whose log-probs disagree with the actor's stops the run; a healthy one does not.
+
+Real: vLLM 0.9.1's ``Sampler`` (sampling and log-prob gathering, through the patched ``forward``), verl 0.6.1's
+``compute_rollout_corr_metrics_from_logprobs`` (through the patched module attribute, as the Megatron actor's
+``loss_func`` calls it), ``DataProto.concat`` (verl's merge of metrics over data-parallel ranks), ``reduce_metrics``,
+the composed trainer config and the on-policy shortcut's ``PlaceholderLogProb``; the wrapped target is verl's
+``RayPPOTrainer.fit``. Stand-ins: verl's fit loop body (a loop running the same stages in the same order:
+generate, old-log-prob pass unless skipped, update), the Megatron actor (a tiny torch policy updated by SGD, its
+micro-batches split over data-parallel "ranks") and the engine's model (the same tiny policy in bf16, whose weights
+are either synced from the actor or, for the stale case, read from memory that no longer holds them).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from omegaconf import DictConfig, OmegaConf
+
+from r1_ascend.patches import _apply as patch_apply
+from r1_ascend.patches import _rollout_guard as guard
+from r1_ascend.patches import apply_one, patched_by, restore_all, spec_by_name
+from r1_ascend.patches.verl_onpolicy_logprob import PlaceholderLogProb
+
+SPEC = spec_by_name("verl_rollout_guard")
+PROMPT, RESPONSE, VOCAB, HIDDEN = 4, 12, 64, 16
+BATCH, TEMPERATURE, STEPS = 16, 0.9, 4
+
+
+def compose(*overrides: str) -> DictConfig:
+    import verl
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    config_dir = Path(verl.__file__).parent / "trainer" / "config"
+    with initialize_config_dir(str(config_dir), version_base=None):
+        return hydra_compose("ppo_megatron_trainer", overrides=list(overrides))
+
+
+BASE = (
+    "actor_rollout_ref.rollout.calculate_log_probs=true",
+    f"actor_rollout_ref.rollout.temperature={TEMPERATURE}",
+)
+
+
+@pytest.fixture(scope="module")
+def base_config() -> DictConfig:
+    return compose(*BASE)
+
+
+def _config(base: DictConfig, **guard_settings: Any) -> DictConfig:
+    config = base.copy()
+    if guard_settings:
+        OmegaConf.set_struct(config, False)
+        config.r1_ascend = {"rollout_guard": guard_settings}
+    return config
+
+
+class TinyPolicy(torch.nn.Module):
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.embed = torch.nn.Embedding(VOCAB, HIDDEN)
+        self.head = torch.nn.Linear(HIDDEN, VOCAB)
+        with torch.no_grad():
+            self.head.weight.mul_(8.0)  # peaked next-token distributions, like a trained LM's
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.embed(input_ids)))
+
+
+def _sampling_metadata(n: int, generator: torch.Generator) -> Any:
+    from vllm.v1.sample.metadata import SamplingMetadata
+
+    return SamplingMetadata(
+        temperature=torch.full((n,), TEMPERATURE),
+        all_greedy=False,
+        all_random=True,
+        top_p=None,
+        top_k=None,
+        min_p=None,
+        generators=dict.fromkeys(range(n), generator),
+        max_num_logprobs=0,
+        no_penalties=True,
+        prompt_token_ids=None,
+        frequency_penalties=torch.zeros(n),
+        presence_penalties=torch.zeros(n),
+        repetition_penalties=torch.ones(n),
+        output_token_ids=[[] for _ in range(n)],
+        min_tokens={},
+        logit_bias=[None] * n,
+        allowed_token_ids_mask=None,
+        bad_words_token_ids={},
+    )
+
+
+class StandInEngine:
+    """Decodes with vLLM's real Sampler from its own bf16 copy of the policy; ``mode`` says what weights it reads."""
+
+    def __init__(self, actor: TinyPolicy, mode: str) -> None:
+        from vllm.v1.sample.sampler import Sampler
+
+        self.actor, self.mode = actor, mode
+        self.model = TinyPolicy().to(torch.bfloat16)
+        self.sampler = Sampler()
+        self.generator = torch.Generator().manual_seed(1)
+        self.steps = 0
+
+    def sync_weights(self) -> None:
+        """The weight sync. With a stale address the engine keeps reading the old, since-reused memory."""
+        self.steps += 1
+        with torch.no_grad():
+            if self.mode == "stale_address" and self.steps > 1:
+                for param in self.model.parameters():
+                    param.normal_(generator=self.generator)  # what the freed blocks hold now (other tensors' data)
+                return
+            for mine, theirs in zip(self.model.parameters(), self.actor.parameters(), strict=True):
+                mine.copy_(theirs)
+
+    def generate(self, prompts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.sync_weights()
+        ids, logprobs = prompts, []
+        with torch.no_grad():
+            for _ in range(RESPONSE):
+                logits = self.model(ids)[:, -1].float()
+                out = self.sampler(logits, _sampling_metadata(len(ids), self.generator))
+                ids = torch.cat([ids, out.sampled_token_ids.long()], dim=1)
+                logprobs.append(out.logprobs_tensors.logprobs[:, 0])
+        return ids, torch.stack(logprobs, dim=1)
+
+
+def actor_log_probs(policy: TinyPolicy, input_ids: torch.Tensor) -> torch.Tensor:
+    """Token log-probs of the responses at the sampling temperature, as verl's actor computes them."""
+    logits = policy(input_ids[:, :-1]) / TEMPERATURE
+    token = torch.log_softmax(logits.float(), dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return token[:, -RESPONSE:]
+
+
+class StandInWorkerGroup:
+    """The actor worker group: generation, the old-log-prob pass and an SGD update over ``dp`` ranks."""
+
+    def __init__(self, engine_mode: str, *, dp: int = 2, micro: int = 4, lr: float = 0.5) -> None:
+        self.policy = TinyPolicy()
+        self.engine = StandInEngine(self.policy, engine_mode)
+        self.dp, self.micro, self.lr = dp, micro, lr
+        self.prompts = torch.randint(0, VOCAB, (BATCH, PROMPT), generator=torch.Generator().manual_seed(2))
+
+    def generate_sequences(self, _prompts: Any) -> Any:
+        from verl import DataProto
+
+        ids, rollout_log_probs = self.engine.generate(self.prompts)
+        return DataProto.from_dict(
+            tensors={
+                "input_ids": ids,
+                "responses": ids[:, PROMPT:],
+                "response_mask": torch.ones(BATCH, RESPONSE, dtype=torch.long),
+                "rollout_log_probs": rollout_log_probs,
+            }
+        )
+
+    def compute_log_prob(self, data: Any) -> Any:
+        from verl import DataProto
+
+        with torch.no_grad():
+            old = actor_log_probs(self.policy, data.batch["input_ids"])
+        return DataProto.from_dict(tensors={"old_log_probs": old, "entropys": torch.zeros_like(old)})
+
+    def update_actor(self, data: Any) -> Any:
+        """Each rank runs its micro-batches through loss_func's metrics call, then all ranks' metrics are merged."""
+        from verl import DataProto
+        from verl.trainer.ppo import rollout_corr_helper
+
+        rank_outputs = []
+        self.policy.zero_grad()
+        for shard in data.chunk(self.dp):
+            metrics: dict[str, list[float]] = {}
+            for micro in shard.split(self.micro):
+                log_prob = actor_log_probs(self.policy, micro.batch["input_ids"])
+                stats = rollout_corr_helper.compute_rollout_corr_metrics_from_logprobs(
+                    log_prob=log_prob,
+                    rollout_log_prob=micro.batch["rollout_log_probs"],
+                    response_mask=micro.batch["response_mask"],
+                )
+                for key, value in stats.items():
+                    metrics.setdefault(key, []).append(value)
+                (-log_prob.mean()).backward()  # a policy-gradient-like step that moves the policy
+            rank_outputs.append(DataProto(meta_info={"metrics": metrics}))
+        with torch.no_grad():
+            for param in self.policy.parameters():
+                param -= self.lr * param.grad
+        return DataProto.concat(rank_outputs)
+
+
+def stand_in_fit(self: Any) -> None:
+    """verl 0.6.1 ``RayPPOTrainer.fit``'s stage order for each step, without Ray, reward or checkpointing."""
+    from verl.utils.metric import reduce_metrics
+
+    self.global_steps = 1
+    self.logged = []
+    for _ in range(STEPS):
+        batch = self.actor_rollout_wg.generate_sequences(None)
+        old = self.actor_rollout_wg.compute_log_prob(batch)
+        old.batch.pop("entropys")
+        batch = batch.union(old)
+        output = self.actor_rollout_wg.update_actor(batch)
+        self.logged.append(reduce_metrics(output.meta_info["metrics"]))
+        self.global_steps += 1
+
+
+@pytest.fixture
+def trainer_class(monkeypatch: pytest.MonkeyPatch) -> Iterator[type]:
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    monkeypatch.setattr(RayPPOTrainer, "fit", stand_in_fit)
+    apply_one(SPEC)
+    try:
+        yield RayPPOTrainer
+    finally:
+        restore_all()
+        patch_apply.forget_applied()
+
+
+def _trainer(trainer_class: type, config: DictConfig, group: StandInWorkerGroup, *, shortcut: bool = False) -> Any:
+    trainer = object.__new__(trainer_class)
+    trainer.config = config
+    trainer.actor_rollout_wg = group
+    if shortcut:  # what verl_onpolicy_logprob's init_workers does on an exactly on-policy config
+        group.compute_log_prob = PlaceholderLogProb(TEMPERATURE)
+    return trainer
+
+
+# --- the run ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shortcut", [False, True], ids=["old-log-prob-pass", "on-policy-shortcut"])
+def test_healthy_bf16_rollout_runs_every_step_and_logs_the_guard(
+    trainer_class: type, base_config: DictConfig, shortcut: bool
+) -> None:
+    trainer = _trainer(trainer_class, base_config, StandInWorkerGroup("synced"), shortcut=shortcut)
+    assert patched_by(trainer_class.__dict__["fit"]) == SPEC.name
+    trainer.fit()
+    assert len(trainer.logged) == STEPS
+    for metrics in trainer.logged:
+        assert 0 < metrics[guard.METRIC_MEAN] < 0.1 * guard.DEFAULT_MAX_MEAN_ABS_DIFF
+        assert metrics[guard.METRIC_MAX] >= metrics[guard.METRIC_MEAN]
+        assert metrics[guard.METRIC_THRESHOLD] == guard.DEFAULT_MAX_MEAN_ABS_DIFF
+        assert metrics[guard.METRIC_TOKENS] == BATCH * RESPONSE
+        assert metrics[guard.METRIC_IN_UPDATE] == float(shortcut)
+        assert not set(guard.RAW_KEYS) & set(metrics), "partials are folded, not logged"
+    assert "compute_log_prob" not in vars(trainer.actor_rollout_wg) or shortcut, "the run's wrappers are removed"
+
+
+@pytest.mark.parametrize("shortcut", [False, True], ids=["old-log-prob-pass", "on-policy-shortcut"])
+def test_rollout_from_stale_weights_stops_the_run(trainer_class: type, base_config: DictConfig, shortcut: bool) -> None:
+    trainer = _trainer(trainer_class, base_config, StandInWorkerGroup("stale_address"), shortcut=shortcut)
+    with pytest.raises(guard.RolloutActorMismatchError) as info:
+        trainer.fit()
+    message = str(info.value)
+    assert "at training step 2 " in message, "step 1 decodes from the freshly synced weights"
+    assert "nats on average" in message
+    assert f"threshold is {guard.DEFAULT_MAX_MEAN_ABS_DIFF:g} nats" in message
+    assert "stale or garbage weights" in message
+    assert ("inside the actor update" in message) is shortcut
+    assert len(trainer.logged) == 1, "step 1 completed and was logged"
+    assert trainer.logged[0][guard.METRIC_MEAN] < guard.DEFAULT_MAX_MEAN_ABS_DIFF
+
+
+def test_without_the_guard_the_stale_run_trains_on(trainer_class: type, base_config: DictConfig) -> None:
+    """Nothing else notices: switched off, the same broken rollout runs every step."""
+    trainer = _trainer(trainer_class, _config(base_config, enabled=False), StandInWorkerGroup("stale_address"))
+    trainer.fit()
+    assert len(trainer.logged) == STEPS
+    assert guard.METRIC_MEAN not in trainer.logged[-1]
+
+
+def test_threshold_is_configurable(trainer_class: type, base_config: DictConfig) -> None:
+    trainer = _trainer(trainer_class, _config(base_config, max_mean_abs_diff=1e-6), StandInWorkerGroup("synced"))
+    with pytest.raises(guard.RolloutActorMismatchError, match=r"at training step 1 .*threshold is 1e-06 nats"):
+        trainer.fit()
+
+
+def test_guard_needs_the_rollout_log_probs(trainer_class: type) -> None:
+    trainer = _trainer(trainer_class, compose(), StandInWorkerGroup("synced"))
+    with pytest.raises(guard.RolloutGuardConfigError, match="calculate_log_probs=true"):
+        trainer.fit()
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        ({"enabled": "yes"}, "must be true or false"),
+        ({"max_mean_abs_diff": 0}, "positive number"),
+        ({"max_mean_abs_diff": math.inf}, "positive number"),
+        ({"threshold": 1.0}, "unknown key"),
+    ],
+)
+def test_bad_settings_are_refused(base_config: DictConfig, settings: dict, expected: str) -> None:
+    with pytest.raises(guard.RolloutGuardConfigError, match=expected):
+        guard.GuardConfig.from_config(_config(base_config, **settings))
+
+
+def test_defaults_are_on_with_the_derived_threshold(base_config: DictConfig) -> None:
+    assert guard.GuardConfig.from_config(base_config) == guard.GuardConfig(True, 1.0)
+
+
+def test_shipped_configs_enable_the_guard_and_the_rollout_log_probs() -> None:
+    root = Path(__file__).resolve().parents[2] / "recipe" / "config"
+    for path in sorted(root.glob("*.yaml")):
+        overlay = OmegaConf.load(path)
+        assert overlay.r1_ascend.rollout_guard.enabled is True, path.name
+        assert overlay.r1_ascend.rollout_guard.max_mean_abs_diff == guard.DEFAULT_MAX_MEAN_ABS_DIFF, path.name
+        assert overlay.actor_rollout_ref.rollout.calculate_log_probs is True, path.name
+
+
+# --- the statistic --------------------------------------------------------------------------------------------
+
+
+def test_nan_never_looks_healthy() -> None:
+    stats = guard.DiffStats.from_tensors(torch.full((2, 3), math.nan), torch.zeros(2, 3), torch.ones(2, 3))
+    with pytest.raises(guard.RolloutActorMismatchError):
+        guard.check(stats, guard.GuardConfig(), step=3, in_update=False)
+
+
+def test_padding_outside_the_mask_is_ignored() -> None:
+    actor = torch.tensor([[-1.0, -2.0, 0.0]])
+    rollout = torch.tensor([[-1.5, -2.0, -1.0]])  # verl pads rollout log-probs with -1
+    stats = guard.DiffStats.from_tensors(actor, rollout, torch.tensor([[1, 1, 0]]))
+    assert (stats.abs_sum, stats.tokens, stats.abs_max) == (0.5, 2, 0.5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, 12),
+    cols=st.integers(1, 9),
+    cuts=st.lists(st.integers(1, 11), max_size=4),
+    seed=st.integers(0, 2**16),
+)
+def test_any_split_over_ranks_and_micro_batches_folds_to_the_whole(
+    rows: int, cols: int, cuts: list[int], seed: int
+) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    actor, rollout = torch.randn(rows, cols, generator=generator), torch.randn(rows, cols, generator=generator)
+    mask = (torch.rand(rows, cols, generator=generator) > 0.4).long()
+    whole = guard.DiffStats.from_tensors(actor, rollout, mask)
+    bounds = sorted({0, rows, *(c for c in cuts if c < rows)})
+    per_rank = [
+        {k: [v] for k, v in guard.DiffStats.from_tensors(actor[a:b], rollout[a:b], mask[a:b]).as_raw_metrics().items()}
+        for a, b in itertools.pairwise(bounds)
+    ]
+    merged = {key: [rank[key] for rank in per_rank] for key in guard.RAW_KEYS}  # verl's concat: a list per rank
+    folded = guard.DiffStats.from_raw_metrics(merged)
+    assert folded is not None
+    assert folded.tokens == whole.tokens
+    assert folded.abs_sum == pytest.approx(whole.abs_sum, rel=1e-6, abs=1e-6)
+    assert folded.abs_max == pytest.approx(whole.abs_max)
+
+
+def test_partials_fold_over_ranks_like_one_batch() -> None:
+    generator = torch.Generator().manual_seed(3)
+    actor, rollout = torch.randn(8, 5, generator=generator), torch.randn(8, 5, generator=generator)
+    mask = (torch.rand(8, 5, generator=generator) > 0.3).long()
+    whole = guard.DiffStats.from_tensors(actor, rollout, mask)
+    merged: dict[str, list[float]] = {}
+    for rows in (slice(0, 3), slice(3, 8)):
+        for key, value in guard.DiffStats.from_tensors(actor[rows], rollout[rows], mask[rows]).as_raw_metrics().items():
+            merged.setdefault(key, []).append(value)
+    folded = guard.DiffStats.from_raw_metrics(merged)
+    assert folded is not None
+    assert folded.tokens == whole.tokens
+    assert folded.mean == pytest.approx(whole.mean)
+    assert folded.abs_max == pytest.approx(whole.abs_max)
+
+
+# --- the engine's log-probs ---------------------------------------------------------------------------------------
+
+
+def _sample(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    from vllm.v1.sample.sampler import Sampler
+
+    out = Sampler()(logits.clone(), _sampling_metadata(len(logits), torch.Generator().manual_seed(5)))
+    return out.sampled_token_ids[:, 0].long(), out.logprobs_tensors.logprobs[:, 0]
+
+
+def test_engine_log_probs_are_those_of_the_sampling_distribution() -> None:
+    logits = torch.randn(6, VOCAB, generator=torch.Generator().manual_seed(4)) * 4
+    raw_tokens, raw = _sample(logits)
+    assert torch.allclose(raw, torch.log_softmax(logits, -1).gather(-1, raw_tokens[:, None])[:, 0])
+
+    apply_one(SPEC)
+    tokens, processed = _sample(logits)
+    assert torch.equal(tokens, raw_tokens), "sampling itself is untouched"
+    expected = torch.log_softmax(logits / TEMPERATURE, -1).gather(-1, tokens[:, None])[:, 0]
+    assert torch.allclose(processed, expected)
+    assert not torch.allclose(processed, raw)
+
+
+def test_greedy_rows_keep_raw_log_probs() -> None:
+    from r1_ascend.patches.verl_rollout_guard import temperature_log_probs
+
+    logits = torch.randn(2, VOCAB, generator=torch.Generator().manual_seed(6))
+    result = temperature_log_probs(logits, torch.tensor([0.0, 0.5]))
+    assert torch.allclose(result[0], torch.log_softmax(logits[0], -1))
+    assert torch.allclose(result[1], torch.log_softmax(logits[1] / 0.5, -1))
