@@ -202,6 +202,15 @@ PATHOLOGICAL = {
     "5000 boxes": ("</think>" + "\\boxed{1} " * 5000, "1"),
     "sympy-heavy sum": ("</think>\\boxed{\\sum_{k=1}^{10^{9}} k^{k}}", "1"),
     "nested radicals 30": ("</think>\\boxed{" + "\\sqrt{2+" * 30 + "2" + "}" * 30 + "}", "2"),
+    "tower 9^{9^{9^{9}}}": ("</think>\\boxed{9^{9^{9^{9}}}}", "1"),
+    "tower a^{b^{c^{d}}}": ("</think>\\boxed{a^{b^{c^{d}}}}", "a^{b^{c}}"),
+    "\\sin(10^{10^{10}})": ("</think>\\boxed{\\sin(10^{10^{10}})}", "0"),
+    "(10^{10^9})^{10^{10^9}}": ("</think>\\boxed{(10^{10^{9}})^{10^{10^{9}}}}", "1"),
+    "\\exp(\\exp(\\exp(100)))": ("</think>\\boxed{\\exp(\\exp(\\exp(100)))}", "1"),
+    "150 x 2000! product": ("</think>\\boxed{" + "2000!\\cdot " * 150 + "1}", "2"),
+    "600 \\frac without braces": ("</think>\\boxed{" + "\\frac" * 600 + "12}", "1"),
+    "sympy timeout (1000-term sum)": ("</think>\\boxed{\\sum_{k=1}^{1000} \\frac{1}{k^{3}+\\sin(k)}}", "\\frac{2}{3}"),
+    "3000 ground truths": ("</think>\\boxed{5^{5}}", [f"{i}^{{{i}}}" for i in range(3000)]),
 }
 
 

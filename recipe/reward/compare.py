@@ -27,6 +27,13 @@ from r1_ascend.recipe.reward.parse import Node
 
 MIN_DECIMAL_SIGNIFICANT = 4
 _EXACT_MAX_BITS = 20_000
+# Magnitude guards. mpmath keeps a number's binary exponent as a Python int, so a value like 9^{9^{9^{9}}} (whose
+# exponent alone has 3.7e8 digits) or sin(10^{10^{10}}) (argument reduction at 10^10 digits) takes unbounded time.
+# Every operation checks the size of its result (or of its argument, for the periodic functions) before computing
+# it; anything beyond these bounds is undecidable here and never reaches the symbolic stage either.
+MAX_MAGNITUDE_BITS = 2**32  # |value| < 2^(2^32), about 10^(1.3e9): far beyond any real answer
+_MAX_PERIODIC_ARG_BITS = 4096  # trig arguments up to 2^4096 (reduction costs a few thousand bits)
+_MAX_FACTORIAL_ARG = 10**8  # n! < 2^(2.7e9)
 _MP = mpmath.MPContext()
 _MP.dps = 40
 _RELATIVE_TOLERANCE = _MP.mpf(10) ** -25
@@ -47,6 +54,42 @@ class DeadlineExceeded(Exception):
     """The per-answer time budget ran out inside the fast stage."""
 
 
+class TooLarge(Undecided):
+    """A value (or an intermediate) would exceed the magnitude guards; neither stage may evaluate it."""
+
+
+def _magnitude(value: Value) -> Any:
+    """About log2|value| (0 for zero), in constant time for any size."""
+    if isinstance(value, Fraction):
+        return value.numerator.bit_length() - value.denominator.bit_length() if value else 0
+    if _MP.isnan(value) or _MP.isinf(value) or not value:
+        return 0  # infinities are legitimate answers (intervals); arithmetic on them is cheap
+    return _MP.mag(value)
+
+
+def _shrink(value: Value) -> Value:
+    """Leave exact arithmetic once integers get long (big-int products and gcds are quadratic; 40 digits suffice),
+    and refuse values beyond ``MAX_MAGNITUDE_BITS``."""
+    if isinstance(value, Fraction):
+        if max(value.numerator.bit_length(), value.denominator.bit_length()) <= _EXACT_MAX_BITS:
+            return value
+        value = _to_mp(value)
+    if abs(_magnitude(value)) > MAX_MAGNITUDE_BITS:
+        raise TooLarge
+    return value
+
+
+def _guard_power(base: Value, exponent: Value) -> None:
+    """Refuse base^exponent when |result| or 1/|result| would exceed ``MAX_MAGNITUDE_BITS``."""
+    if _magnitude(exponent) > 64:  # |exponent| > 2^64: only a base of exactly 0 or 1 (or -1) stays small
+        if base in (0, 1, -1):
+            return
+        raise TooLarge
+    log_base = abs(_MP.log(abs(_to_mp(base)), 2)) if base != 0 else 0
+    if abs(_to_mp(exponent)) * (log_base + 1) > MAX_MAGNITUDE_BITS:
+        raise TooLarge
+
+
 class _Evaluator:
     def __init__(self, env: dict[str, Value], deadline: float) -> None:
         self.env = env
@@ -62,7 +105,7 @@ class _Evaluator:
         if handler is None:
             msg = f"cannot evaluate {kind}"
             raise Undecided(msg)
-        return handler(node)
+        return _shrink(handler(node))
 
     def _container(self, node: Node) -> Value:
         msg = f"{node[0]} used as a number"
@@ -82,13 +125,13 @@ class _Evaluator:
     def _add(self, node: Node) -> Value:
         total: Value = Fraction(0)
         for part in node[1]:
-            total = _lift(total, value := self(part)) + _lift(value, total)
+            total = _shrink(_lift(total, value := self(part)) + _lift(value, total))
         return total
 
     def _mul(self, node: Node) -> Value:
         total: Value = Fraction(1)
         for part in node[1]:
-            total = _lift(total, value := self(part)) * _lift(value, total)
+            total = _shrink(_lift(total, value := self(part)) * _lift(value, total))
         return total
 
     def _neg(self, node: Node) -> Value:
@@ -110,6 +153,7 @@ class _Evaluator:
         if base == 0 and _MP.re(_to_mp(exponent)) <= 0:
             msg = "zero to a non-positive power"
             raise Undecided(msg)
+        _guard_power(base, exponent)
         return _MP.power(_to_mp(base), _to_mp(exponent))
 
     def _fact(self, node: Node) -> Value:
@@ -117,6 +161,8 @@ class _Evaluator:
         if isinstance(value, Fraction) and value.denominator == 1 and value >= 0:
             if value <= 2000:
                 return Fraction(math.factorial(int(value)))
+            if value > _MAX_FACTORIAL_ARG:
+                raise TooLarge
             return _MP.factorial(_MP.mpf(int(value)))
         msg = "factorial of a non-integer"
         raise Undecided(msg)
@@ -125,6 +171,8 @@ class _Evaluator:
         n, k = self(node[1]), self(node[2])
         if all(isinstance(v, Fraction) and v.denominator == 1 and 0 <= v <= 5000 for v in (n, k)):
             return Fraction(math.comb(int(n), int(k)))
+        if max(_magnitude(n), _magnitude(k)) > 64:
+            raise TooLarge
         return _MP.binomial(_to_mp(n), _to_mp(k))
 
     def _func(self, node: Node) -> Value:
@@ -145,6 +193,11 @@ class _Evaluator:
         if argument == 0 and name in ("ln", "log", "cot", "csc"):
             msg = f"{name}(0)"
             raise Undecided(msg)
+        size = _magnitude(argument)
+        if name in ("exp", "sinh", "cosh", "tanh") and size > 32:  # e^(2^32) is the largest allowed result
+            raise TooLarge
+        if size > _MAX_PERIODIC_ARG_BITS:
+            raise TooLarge
         return functions[name](_to_mp(argument))
 
 
@@ -319,6 +372,8 @@ class Comparator:
         for env in _sample_environments(names):
             try:
                 gold_value, pred_value = self._evaluate(gold, env), self._evaluate(pred, env)
+            except TooLarge:
+                raise
             except Undecided:
                 continue
             if not _close(gold_value, pred_value):
@@ -335,6 +390,8 @@ class Comparator:
         for env in _sample_environments(names) if names else [{}]:
             try:
                 gold_value, pred_value = _to_mp(self._evaluate(gold, env)), _to_mp(self._evaluate(pred, env))
+            except TooLarge:
+                raise
             except Undecided:
                 continue
             if pred_value == 0 or gold_value == 0:

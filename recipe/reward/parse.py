@@ -23,6 +23,9 @@ Node = tuple[Any, ...]
 
 MAX_ANSWER_CHARS = 1000
 MAX_NESTING = 40
+# Recursion depth of the parser (and so of the evaluator over its tree): unary signs, macro arguments without
+# braces (\frac\frac..., \sqrt\sqrt...) and exponents nest without any bracket, so brackets alone do not bound it.
+MAX_PARSE_DEPTH = 60
 
 _FUNCTION_NAMES = "sin cos tan sec csc cot arcsin arccos arctan sinh cosh tanh ln log exp"
 FUNCTIONS = frozenset(_FUNCTION_NAMES.split())
@@ -77,6 +80,13 @@ class _Parser:
     def __init__(self, tokens: list[tuple[str, str]]) -> None:
         self.tokens = tokens
         self.index = 0
+        self.depth = 0
+
+    def _enter(self) -> None:
+        self.depth += 1
+        if self.depth > MAX_PARSE_DEPTH:
+            msg = f"answer nested deeper than {MAX_PARSE_DEPTH}"
+            raise ParseError(msg)
 
     # -- token helpers --------------------------------------------------------------------------
     def peek(self) -> tuple[str, str] | None:
@@ -175,21 +185,29 @@ class _Parser:
         return value in ("(", "[", "{", SET_OPEN)
 
     def unary(self) -> Node:
-        if self.peek_value() == "-":
-            self.take()
-            return ("neg", self.unary())
-        if self.peek_value() == "+":
-            self.take()
-            return self.unary()
-        return self.power()
+        self._enter()
+        try:
+            if self.peek_value() == "-":
+                self.take()
+                return ("neg", self.unary())
+            if self.peek_value() == "+":
+                self.take()
+                return self.unary()
+            return self.power()
+        finally:
+            self.depth -= 1
 
     def power(self) -> Node:
-        base = self.postfix()
-        if self.peek_value() == "^":
-            self.take()
-            exponent = self.group_or_atom() if self.peek_value() == "{" else self.unary_exponent()
-            return self.postfix_ops(("pow", base, exponent))
-        return base
+        self._enter()
+        try:
+            base = self.postfix()
+            if self.peek_value() == "^":
+                self.take()
+                exponent = self.group_or_atom() if self.peek_value() == "{" else self.unary_exponent()
+                return self.postfix_ops(("pow", base, exponent))
+            return base
+        finally:
+            self.depth -= 1
 
     def unary_exponent(self) -> Node:
         if self.peek_value() == "-":
@@ -223,6 +241,13 @@ class _Parser:
         return self.primary()
 
     def primary(self) -> Node:
+        self._enter()
+        try:
+            return self._primary()
+        finally:
+            self.depth -= 1
+
+    def _primary(self) -> Node:
         kind, value = self.take()
         if kind == "num":
             node = _number(value)
