@@ -111,7 +111,7 @@ class _Evaluator:
         msg = f"{node[0]} used as a number"
         raise Malformed(msg)
 
-    _tuple = _list = _set = _union = _eq = _rel = _container
+    _tuple = _list = _set = _union = _eq = _rel = _named = _container
 
     def _num(self, node: Node) -> Value:
         return node[1]
@@ -320,15 +320,12 @@ class Comparator:
     def equal(self, gold: Node, pred: Node) -> bool:
         gold, pred = _unwrap(gold), _unwrap(pred)
         kinds = {gold[0], pred[0]}
+        if "named" in kinds:
+            return self._named_equal(gold, pred)
         if kinds <= {"list", "set", "union"} and (gold[0] == pred[0] or kinds == {"list", "set"}):
             return self._multiset_equal(_items(gold), _items(pred))
         if gold[0] == "tuple" or pred[0] == "tuple":
-            return (
-                gold[0] == pred[0]
-                and gold[1:3] == pred[1:3]
-                and len(gold[3]) == len(pred[3])
-                and all(self.equal(a, b) for a, b in zip(gold[3], pred[3], strict=True))
-            )
+            return self._tuple_equal(gold, pred)
         if kinds & {"list", "set", "union"}:
             return False
         if gold[0] == "eq" or pred[0] == "eq":
@@ -340,6 +337,44 @@ class Comparator:
             pred_op, pred_diff = _oriented(pred)
             return gold_op == pred_op and self._proportional(gold_diff, pred_diff, positive=gold_op != "\\ne")
         return self._expressions_equal(gold, pred)
+
+    def _named_equal(self, gold: Node, pred: Node) -> bool:
+        """``x = 3`` names the answer 3; two named equations may also be the same equation rearranged."""
+        if gold[0] == "named" and pred[0] == "named":
+            try:
+                if self.equal(gold[2], pred[2]):
+                    return True  # same value under any name: "x = 3" and "k = 3"
+            except Undecided:
+                pass
+            return self._as_equation(gold, pred)
+        if gold[0] == "eq" or pred[0] == "eq":
+            return self._as_equation(gold, pred)  # "y = 3x + 2" and "3x - y + 2 = 0"
+        named, other = (gold, pred) if gold[0] == "named" else (pred, gold)
+        value = named[2]
+        return self.equal(value, other) if named is gold else self.equal(other, value)
+
+    def _as_equation(self, gold: Node, pred: Node) -> bool:
+        sides = []
+        for node in (gold, pred):
+            if node[1][0] == "tuple" or node[2][0] in ("tuple", "list", "set", "union"):
+                return False
+            sides.append(("eq", node[1], node[2]))
+        return self._proportional(_difference(sides[0]), _difference(sides[1]), positive=False)
+
+    def _tuple_equal(self, gold: Node, pred: Node) -> bool:
+        """Tuples and intervals are ordered and their brackets must match. A ``( )`` pair also equals a set or a
+        list of the same values written in the same order (``\\{2, 5\\}`` or ``2, 5`` for "both values")."""
+        if gold[0] == pred[0]:
+            return (
+                gold[1:3] == pred[1:3]
+                and len(gold[3]) == len(pred[3])
+                and all(self.equal(a, b) for a, b in zip(gold[3], pred[3], strict=True))
+            )
+        pair, other = (gold, pred) if gold[0] == "tuple" else (pred, gold)
+        if pair[1:3] != ("(", ")") or other[0] not in ("set", "list") or len(other[1]) != len(pair[3]):
+            return False
+        items = [(a, b) if pair is gold else (b, a) for a, b in zip(pair[3], other[1], strict=True)]
+        return all(self.equal(a, b) for a, b in items)
 
     def _multiset_equal(self, gold: list[Node], pred: list[Node]) -> bool:
         if len(gold) != len(pred):

@@ -44,6 +44,12 @@ _RELATION_ALIAS = (
     (re.compile(r"\\gt(?![a-zA-Z])"), ">"),
 )
 _THOUSANDS_BRACE_RE = re.compile(r"(\d)\{,\}(?=\d{3})")
+# Digit groups joined by a LaTeX thousands separator (``12,\!345``, ``12{,}345``, ``12\,345``, ``12\;345``):
+# these spellings only ever group digits, so they are removed anywhere in the answer. A plain comma is not in the
+# list (``1,234`` may be a pair), and neither is ``,\,`` (a comma followed by a thin space separates items).
+_LATEX_THOUSANDS_SEP = r"(?:,\\!|\{,\}|\\[,;:! ]|\\thinspace|~)"
+_LATEX_THOUSANDS_RE = re.compile(r"(?<![\d.])\d{1,3}(?:" + _LATEX_THOUSANDS_SEP + r"\d{3})+(?!\d)")
+_LATEX_THOUSANDS_SEP_RE = re.compile(_LATEX_THOUSANDS_SEP)
 _THOUSANDS_WHOLE_RE = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 _THOUSANDS_SPACE_RE = re.compile(r"[+-]?\d{1,3}(?: \d{3})+(?:\.\d+)?")
 _TRAILING_UNIT_WORDS_RE = re.compile(r"^(.*?[\d}])\s+[a-zA-Z]{2,}(?: [a-zA-Z]+)*\.?$")
@@ -92,6 +98,7 @@ def normalize_answer(answer: str) -> str:
             break
         text = match.group(1).strip()
     text = _DOLLAR_RE.sub(" ", text)
+    text = _LATEX_THOUSANDS_RE.sub(lambda match: _LATEX_THOUSANDS_SEP_RE.sub("", match.group()), text)
     text = _TEXT_WORD_CONNECTORS.sub(",", text)
     text = _UNIT_TEXT_RE.sub(r"\1", text)
     text = _unwrap_text_groups(text)

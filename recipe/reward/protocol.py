@@ -109,26 +109,32 @@ def _matching_brace(text: str, open_index: int) -> int:
     """Index of the brace closing ``text[open_index]`` (bounded by MAX_BOX_CHARS, C-speed between braces).
 
     ``_UNBALANCED`` when the text ends first, ``_TOO_LONG`` when the content would exceed MAX_BOX_CHARS.
-    ``\\{`` and ``\\}`` are set braces, not groups.
+    ``\\{`` and ``\\}`` are set braces, not groups; a ``\\}`` without its ``\\{`` is a stray backslash
+    followed by a closing brace (``\\boxed{7\\}``).
     """
-    depth = 0
+    depth = set_depth = 0
     limit = min(len(text), open_index + MAX_BOX_CHARS + 2)
     for match in _BRACE_RE.finditer(text, open_index, limit):
         brace = match.group()
-        if brace == "{":
+        if brace == "\\{":
+            set_depth += 1
+        elif brace == "\\}" and set_depth:
+            set_depth -= 1
+        elif brace == "{":
             depth += 1
-        elif brace == "}":
+        elif brace in ("}", "\\}"):  # an unmatched "\}" is a stray backslash before a closing brace
             depth -= 1
             if depth == 0:
-                return match.start()
+                return match.end() - 1
     return _TOO_LONG if limit < len(text) else _UNBALANCED
 
 
 def _distinct(answers: list[str]) -> tuple[str, ...]:
+    """Distinct answers ordered by their last occurrence: a final answer that repeats an earlier box stays last."""
     seen: dict[str, str] = {}
-    for answer in answers:
+    for answer in reversed(answers):
         seen.setdefault("".join(answer.split()), answer)
-    return tuple(seen.values())
+    return tuple(reversed(seen.values()))
 
 
 def extract_answer(response: str, protocol: str = PROTOCOL_THINK_BOXED) -> Extraction:
