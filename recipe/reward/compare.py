@@ -377,6 +377,7 @@ class Comparator:
         return all(self.equal(a, b) for a, b in items)
 
     def _multiset_equal(self, gold: list[Node], pred: list[Node]) -> bool:
+        gold, pred = _without_repeats(gold), _without_repeats(pred)
         if len(gold) != len(pred):
             return False
         remaining = list(pred)
@@ -453,6 +454,11 @@ class Comparator:
 def _decimal_mismatch(gold: Node, pred: Node) -> bool:
     """A terminating decimal literal equals only the same exact value (no closeness for 12 vs 12.0001)."""
     return _decimal_literal(gold) is not None or _decimal_literal(pred) is not None
+
+
+def _without_repeats(items: list[Node]) -> list[Node]:
+    """A list of answers is a set: an answer written twice, character for character, counts once."""
+    return list({repr(item): item for item in items}.values())
 
 
 def _unwrap(node: Node) -> Node:

@@ -20,7 +20,9 @@ SET_CLOSE = "\u2984"  # ⦄
 _TEXT_COMMANDS = ("text", "textbf", "textit", "textnormal", "textrm", "textsf", "texttt", "mbox", "mathrm", "mathbf")
 _TEXT_COMMANDS += ("mathit", "mathsf", "mathtt", "mathbb", "mathcal", "operatorname", "rm", "bf", "displaystyle")
 _TEXT_RE = re.compile(r"\\(?:" + "|".join(_TEXT_COMMANDS) + r")\s*\{([^{}]*)\}")
-_TEXT_WORD_CONNECTORS = re.compile(r"\\text\{\s*(?:and|or|,)\s*\}|\s+(?:and|or)\s+|,\s*(?:and|or)\s+")
+_TEXT_WORD_CONNECTORS = re.compile(
+    r"\\text\{\s*(?:and|or|,)\s*\}|\s+(?:and|or)\s+|,\s*(?:and|or)\s+|(?<=[)\]])\s*(?:and|or)\s*(?=[(\[])"
+)  # "x = 1 or x = 2", "(1,2) and (3,4)", "(11,7)or(7,11)"
 # A number followed by a \text group that starts with a space is a unit: "125\text{ miles}". The unit's exponent
 # goes with it ("25\text{ cm}^2" is 25, not 25^2); a group holding a digit, or followed by one, is not a unit
 # ("2\text{ (or 3)}", "2\text{ dozen}0").
@@ -47,7 +49,7 @@ _THOUSANDS_BRACE_RE = re.compile(r"(\d)\{,\}(?=\d{3})")
 # Digit groups joined by a LaTeX thousands separator (``12,\!345``, ``12{,}345``, ``12\,345``, ``12\;345``):
 # these spellings only ever group digits, so they are removed anywhere in the answer. A plain comma is not in the
 # list (``1,234`` may be a pair), and neither is ``,\,`` (a comma followed by a thin space separates items).
-_LATEX_THOUSANDS_SEP = r"(?:,\\!|\{,\}|\\[,;:! ]|\\thinspace|~)"
+_LATEX_THOUSANDS_SEP = r"(?:,\\!|\{,\}|\\[,;:! ]|\\thinspace|~)[ \t]*"
 _LATEX_THOUSANDS_RE = re.compile(r"(?<![\d.])\d{1,3}(?:" + _LATEX_THOUSANDS_SEP + r"\d{3})+(?!\d)")
 _LATEX_THOUSANDS_SEP_RE = re.compile(_LATEX_THOUSANDS_SEP)
 _THOUSANDS_WHOLE_RE = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")

@@ -173,12 +173,22 @@ def _answer_tags_ok(tail: str) -> bool:
     return _BOX_RE.search(block) is not None and not _BOX_RE.search(tail[end:])
 
 
+_BOX_LIST_GLUE_RE = re.compile(r"(?:[\s,;$]|\\[(\[\])]|\band\b)*")
+
+
 def unbox_ground_truth(ground_truth: str) -> str:
-    """Ground truths are plain answers; a boxed one (``\\boxed{24}``) is unwrapped to its last box."""
+    """Ground truths are plain answers; a boxed one (``\\boxed{24}``) is unwrapped.
+
+    Several boxes joined only by commas, spaces, ``$`` or "and" are one list answer (``\\boxed{2}, \\boxed{3}``);
+    boxes with other words between them are a solution text whose last box is the answer.
+    """
     if _BOX_RE.search(ground_truth):
         answers, _ = find_boxes(ground_truth)
         if len(answers) == 1:
             return answers[0]
         if answers:
-            return ", ".join(answers)
+            rest = ground_truth
+            for answer in answers:
+                rest = re.sub(r"\\(?:boxed|fbox)\s*\{\s*" + re.escape(answer) + r"\s*\}", " ", rest, count=1)
+            return ", ".join(answers) if _BOX_LIST_GLUE_RE.fullmatch(rest) else answers[-1]
     return ground_truth
