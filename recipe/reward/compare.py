@@ -322,6 +322,10 @@ class Comparator:
         kinds = {gold[0], pred[0]}
         if "named" in kinds:
             return self._named_equal(gold, pred)
+        if kinds & {"tuple", "union"} and kinds & {"rel", "list"}:
+            converted = _relations_as_intervals(gold), _relations_as_intervals(pred)
+            if converted != (gold, pred):
+                return self.equal(*converted)
         if kinds <= {"list", "set", "union"} and (gold[0] == pred[0] or kinds == {"list", "set"}):
             return self._multiset_equal(_items(gold), _items(pred))
         if gold[0] == "tuple" or pred[0] == "tuple":
@@ -377,7 +381,15 @@ class Comparator:
         return all(self.equal(a, b) for a, b in items)
 
     def _multiset_equal(self, gold: list[Node], pred: list[Node]) -> bool:
-        gold, pred = _without_repeats(gold), _without_repeats(pred)
+        """Same items, any order. A prediction that writes an item twice, character for character, still matches a
+        ground truth without repeats (``(3,17),(3,17),(1,2)`` for ``(1,2),(3,17)``); a ground truth that repeats an
+        item (a double root) needs it repeated."""
+        if self._same_items(gold, pred):
+            return True
+        unique = _without_repeats(pred)
+        return len(unique) < len(pred) and len(_without_repeats(gold)) == len(gold) and self._same_items(gold, unique)
+
+    def _same_items(self, gold: list[Node], pred: list[Node]) -> bool:
         if len(gold) != len(pred):
             return False
         remaining = list(pred)
@@ -462,8 +474,37 @@ def _without_repeats(items: list[Node]) -> list[Node]:
 
 
 def _unwrap(node: Node) -> Node:
-    while node[0] in ("list", "set", "union") and len(node[1]) == 1 and node[0] != "set":
+    while node[0] in ("list", "union") and len(node[1]) == 1:
         node = node[1][0]
+    return node
+
+
+_INFINITY: Node = ("const", "inf")
+
+
+def _as_interval(node: Node) -> Node | None:
+    """``x > 2`` as ``(2, \\infty)``, ``x \\le 3`` as ``(-\\infty, 3]``: a bound on one lone variable is an interval."""
+    if node[0] != "rel" or node[1] == "\\ne":
+        return None
+    op, left, right = node[1], node[2], node[3]
+    if right[0] == "sym" and left[0] != "sym":
+        op, left, right = {"<": ">", ">": "<", "\\le": "\\ge", "\\ge": "\\le"}[op], right, left
+    if left[0] != "sym" or _symbols(right, set()):
+        return None
+    closed = op in ("\\le", "\\ge")
+    if op in ("<", "\\le"):
+        return ("tuple", "(", "]" if closed else ")", [("neg", _INFINITY), right])
+    return ("tuple", "[" if closed else "(", ")", [right, _INFINITY])
+
+
+def _relations_as_intervals(node: Node) -> Node:
+    """A relation, or a list of relations joined by "or", as an interval or a union of intervals (else unchanged)."""
+    if node[0] == "rel":
+        return _as_interval(node) or node
+    if node[0] == "list" and all(item[0] == "rel" for item in node[1]):
+        intervals = [_as_interval(item) for item in node[1]]
+        if all(interval is not None for interval in intervals) and len(_symbols(node, set())) == 1:
+            return ("union", intervals)  # "x < 0 or x > 1", all about the same variable
     return node
 
 

@@ -116,10 +116,12 @@ def test_timeouts_never_delay_the_next_response() -> None:
         slow = compute_score("math", f"</think>\\boxed{{{_HEAVY}}}", "\\frac{2}{3}")
         assert time.monotonic() - start < BOUND_S
         assert slow["fail_reason"] == "timeout"
+        # A generous budget so that load cannot fail the verdict; the wall time shows no restart was waited for
+        # (importing Math-Verify again takes about 2 s even on an idle machine).
         start = time.monotonic()
-        quick = compute_score("math", f"</think>\\boxed{{{_MATRIX}}}", _MATRIX.replace("&", " & "))
-        assert time.monotonic() - start < BOUND_S
+        quick = compute_score("math", f"</think>\\boxed{{{_MATRIX}}}", _MATRIX.replace("&", " & "), timeout_s=5)
         assert quick["acc"] == 1.0
+        assert time.monotonic() - start < BOUND_S
 
 
 def test_unresponsive_worker_is_killed_and_replaced() -> None:

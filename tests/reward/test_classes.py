@@ -191,3 +191,39 @@ def test_a_stray_trailing_backslash(answer: str, ending: str, delta: int) -> Non
     assert _same(answer, answer + ending)
     assert compute_score("t", f"</think>\\boxed{{{answer}{ending.strip()}}}", answer, symbolic=False)["acc"] == 1.0
     assert not _same(str(delta), f"{delta + 1}{ending}")
+
+
+@SETTINGS
+@given(a=_INTS, b=_INTS, variable=st.sampled_from(["x", "t", "a"]), flip=st.booleans())
+def test_a_bound_on_one_variable_is_an_interval(a: int, b: int, variable: str, flip: bool) -> None:
+    cases = {
+        ">": f"({a}, \\infty)",
+        "\\ge": f"[{a}, \\infty)",
+        "<": f"(-\\infty, {a})",
+        "\\le": f"(-\\infty, {a}]",
+    }
+    mirrored = {">": "<", "<": ">", "\\ge": "\\le", "\\le": "\\ge"}
+    for op, interval in cases.items():
+        relation = f"{a} {mirrored[op]} {variable}" if flip else f"{variable} {op} {a}"
+        assert _same(interval, relation)
+        assert _same(relation, interval)
+        other = mirrored[op] if op in (">", "<") else {"\\ge": ">", "\\le": "<"}[op]  # wrong direction or bracket
+        assert not _same(interval, f"{variable} {other} {a}")
+        if a != b:
+            assert not _same(interval, f"{variable} {op} {b}")
+    low, high = sorted((a, b))
+    if low != high:
+        union = f"(-\\infty, {low}) \\cup [{high}, \\infty)"
+        assert _same(union, f"{variable} < {low} \\text{{ or }} {variable} \\ge {high}")
+        assert not _same(union, f"{variable} < {low} \\text{{ or }} {variable} > {high}")
+        assert not _same(union, f"{variable} < {low} \\text{{ or }} z \\ge {high}")
+
+
+@SETTINGS
+@given(pairs=st.lists(st.tuples(_INTS, _INTS), min_size=2, max_size=4, unique=True), repeat=st.integers(0, 3))
+def test_an_answer_written_twice_counts_once(pairs: list[tuple[int, int]], repeat: int) -> None:
+    gold = ", ".join(f"({a}, {b})" for a, b in pairs)
+    doubled = [*pairs, pairs[repeat % len(pairs)]]
+    assert _same(gold, ", ".join(f"({a}, {b})" for a, b in doubled))
+    assert not _same(", ".join(f"({a}, {b})" for a, b in doubled), gold)  # a repeated gold item must be repeated
+    assert not _same(gold, ", ".join(f"({a}, {b})" for a, b in pairs[:-1]))
