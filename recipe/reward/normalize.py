@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import re
+from fractions import Fraction
 
 # Internal markers for LaTeX set braces ``\{ \}`` so that they survive the removal of grouping braces.
 SET_OPEN = "\u2983"  # ⦃
@@ -58,6 +59,11 @@ _TRAILING_UNIT_WORDS_RE = re.compile(r"^(.*?[\d}])\s+[a-zA-Z]{2,}(?: [a-zA-Z]+)*
 _DOUBLE_BACKSLASH_CMD_RE = re.compile(r"\\\\(?=[a-zA-Z])")
 _BOXED_WRAPPER_RE = re.compile(r"^\\(?:boxed|fbox)\s*\{(.*)\}$", re.DOTALL)
 _WS_RE = re.compile(r"\s+")
+# Decorations of a name that do not change what it names: a segment \overline{PQ}, a vector \vec{AB}. Digits are
+# excluded: \overline{3} in 0.\overline{3} marks a repeating decimal.
+_REPEATING_DECIMAL_RE = re.compile(r"(\d*)\.(\d*)\\overline\s*\{\s*(\d{1,30})\s*\}")
+_NAME_DECORATION_RE = re.compile(r"\\(?:overline|overrightarrow|vec|widehat|hat|mathbf)\s*\{\s*([A-Za-z]{1,4})\s*\}")
+_NORM_BARS_RE = re.compile(r"\\\||\\[lr]Vert(?![a-zA-Z])|\\Vert(?![a-zA-Z])")
 
 
 def _unwrap_text_groups(text: str) -> str:
@@ -89,6 +95,14 @@ def _matching_close(text: str, open_index: int) -> int:
     return -1
 
 
+def _repeating_decimal(match: re.Match[str]) -> str:
+    """``0.1\\overline{6}`` is the exact fraction 1/6: whole part, fixed digits, then the repeating block."""
+    whole, fixed, block = match.group(1) or "0", match.group(2), match.group(3)
+    value = Fraction(int(whole)) + Fraction(int(fixed or "0"), 10 ** len(fixed))
+    value += Fraction(int(block), (10 ** len(block) - 1) * 10 ** len(fixed))
+    return f"\\frac{{{value.numerator}}}{{{value.denominator}}}"
+
+
 @functools.lru_cache(maxsize=8192)
 def normalize_answer(answer: str) -> str:
     """Canonical spelling of one answer string (no semantic change beyond the documented notation rules)."""
@@ -104,6 +118,9 @@ def normalize_answer(answer: str) -> str:
     text = _TEXT_WORD_CONNECTORS.sub(",", text)
     text = _UNIT_TEXT_RE.sub(r"\1", text)
     text = _unwrap_text_groups(text)
+    text = _REPEATING_DECIMAL_RE.sub(_repeating_decimal, text)
+    text = _NAME_DECORATION_RE.sub(r"\1", text)
+    text = _NORM_BARS_RE.sub("|", text)
     text = _SPACING_RE.sub(" ", text)
     text = _LEFT_RIGHT_RE.sub(lambda m: m.group(1) or "", text)
     text = _FRAC_ALIAS_RE.sub(r"\\frac", text)

@@ -406,7 +406,8 @@ def _subscript_name(node: Node) -> str:
 def is_label(node: Node) -> bool:
     """Left sides that name the answer rather than constrain it.
 
-    ``x``, ``x_1``, ``f(x)``, ``AB``, ``(p,q)``, a length ``|PQ|`` and a ratio of names ``\\frac{AB}{CD}``.
+    ``x``, ``x_1``, ``f(x)``, ``AB``, ``(p,q)``, a length ``|PQ|``, ``\\sin A`` and a ratio of names
+    ``\\frac{AB}{CD}``.
     """
     if node[0] == "sym":
         return True
@@ -414,7 +415,7 @@ def is_label(node: Node) -> bool:
         return all(part[0] == "sym" for part in node[1])
     if node[0] == "tuple":
         return all(part[0] == "sym" for part in node[3])
-    if node[0] == "func" and node[1] == "abs":
+    if node[0] == "func":  # |PQ|, \\sin A, \\cos\\theta: a function of a name names a value
         return is_label(node[2]) and node[2][0] != "tuple"
     if node[0] == "div":
         return all(is_label(part) and part[0] != "tuple" for part in node[1:])

@@ -227,3 +227,38 @@ def test_an_answer_written_twice_counts_once(pairs: list[tuple[int, int]], repea
     assert _same(gold, ", ".join(f"({a}, {b})" for a, b in doubled))
     assert not _same(", ".join(f"({a}, {b})" for a, b in doubled), gold)  # a repeated gold item must be repeated
     assert not _same(gold, ", ".join(f"({a}, {b})" for a, b in pairs[:-1]))
+
+
+@SETTINGS
+@given(numerator=st.integers(1, 500), denominator=st.sampled_from([3, 6, 7, 9, 11, 12, 13, 33, 37, 99]))
+def test_a_repeating_decimal_is_its_fraction(numerator: int, denominator: int) -> None:
+    value = Fraction(numerator, denominator)
+    whole, remainder = divmod(value.numerator, value.denominator)
+    digits, seen, position = "", {}, remainder
+    while position and position not in seen:  # long division until the remainder repeats
+        seen[position] = len(digits)
+        position *= 10
+        digits += str(position // value.denominator)
+        position %= value.denominator
+    if not position:
+        return  # terminates: not a repeating decimal
+    start = seen[position]
+    written = f"{whole}.{digits[:start]}\\overline{{{digits[start:]}}}"
+    assert _same(_latex(value), written)
+    assert _same(written, _latex(value))
+    assert not _same(_latex(value + Fraction(1, 10 ** (len(digits) + 1))), written)
+    if len((str(whole) + digits).lstrip("0")) < 4:  # below the decimal rule's four significant digits
+        assert not _same(f"{whole}.{digits}", written)  # the truncated decimal is not the repeating one
+
+
+@SETTINGS
+@given(
+    name=st.sampled_from(
+        ["\\overline{PQ}", "\\|PQ\\|", "|\\overrightarrow{AB}|", "\\vec{v}", "\\sin A", "\\cos\\theta"]
+    ),
+    value=_VALUES,
+    delta=_NONZERO,
+)
+def test_decorated_names(name: str, value: str, delta: int) -> None:
+    assert _same(value, f"{name} = {value}")
+    assert not _same(value, f"{name} = {value} + {delta}")
