@@ -22,15 +22,27 @@ import signal
 import socket
 import sys
 
-# One pair per kind of construct: the first comparison of each kind costs sympy seconds of lazy imports/caches.
+# One pair per kind of construct. The first parse of each construct is slow for two reasons that a fork inherits
+# once paid: sympy's lazy imports and caches, and the ANTLR parser's prediction cache (latex2sympy's grammar builds
+# its DFA states on first use: a sum over subscripted terms costs seconds cold and milliseconds warm).
 _WARM_UP = (
     ("\\frac{1}{2}", "0.5"),
     ("\\sum_{k=1}^{n} a_k b_{n-k}", "\\sum_{j=1}^{n} b_{n-j} a_j"),
+    ("a_n = \\sum_{i=1}^{n-1} a_i a_{n-i-1}", "a_n = \\sum_{i=1}^{n-1} a_{n-i-1} a_i"),
+    ("T_{n+1} = 2 T_n + 1", "T_{n+1} = 1 + 2 T_{n}"),
+    ("S = \\sum_{k=0}^{n} \\binom{n}{k} P_k Q_{n-k}", "S = \\sum_{j=0}^{n} \\binom{n}{j} Q_{n-j} P_j"),
+    ("\\prod_{k=1}^{n} (1 + x^{k})", "\\prod_{j=1}^{n} (x^{j} + 1)"),
     ("x \\le 5", "5 \\ge x"),
     ("\\{1, 2\\}", "\\{2, 1\\}"),
-    ("\\begin{pmatrix}1 & 2\\\\ 3 & 4\\end{pmatrix}", "\\begin{pmatrix}1 & 2\\\\ 3 & 4\\end{pmatrix}"),
+    ("[0, 1) \\cup (2, \\infty)", "(2, \\infty) \\cup [0, 1)"),
+    ("\\begin{pmatrix}1 & 2\\\\ 3 & 4\\end{pmatrix}", "\\begin{bmatrix}1 & 2\\\\ 3 & 4\\end{bmatrix}"),
     ("\\int_0^1 x\\,dx", "\\frac{1}{2}"),
+    ("\\lim_{x \\to 0} \\frac{\\sin x}{x}", "1"),
     ("3x - y + 2 = 0", "y = 3x + 2"),
+    ("f(x) = \\log_{2}(x) + \\sqrt[3]{x}", "f(x) = \\frac{\\ln x}{\\ln 2} + x^{1/3}"),
+    ("\\binom{n}{k} \\cdot k!", "\\frac{n!}{(n-k)!}"),
+    ("\\text{(A)}\\ 12\\%", "12"),
+    ("\\overline{AB} = 2\\sqrt{3}", "\\sqrt{12}"),
 )
 
 
