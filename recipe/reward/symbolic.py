@@ -31,7 +31,7 @@ import time
 logger = logging.getLogger(__name__)
 
 WORKER_MODULE = "r1_ascend.recipe.reward.symbolic_worker"
-STARTUP_TIMEOUT_S = 60.0  # template start (imports); only ever waited for once per process
+STARTUP_TIMEOUT_S = 180.0  # template start (imports, warm-up); waited for once per process, generous for load
 FORK_TIMEOUT_S = 10.0  # a warm fork answers in milliseconds; this only catches a broken template
 
 
