@@ -212,6 +212,13 @@ def warm_up() -> None:
     default_worker(wait=True)
 
 
+def start_in_background() -> None:
+    """Start the symbolic template without waiting, so that it is warm long before the first reward is computed."""
+    global _template_requested
+    _template_requested = True
+    default_worker()
+
+
 def grade_answer(ground_truth: Any, answer: str, **kwargs: Any) -> bool:
     """Equivalence of a bare answer (no protocol) with a ground truth (str or list = any of), both stages."""
     config = RewardConfig.from_kwargs(kwargs)
