@@ -44,15 +44,19 @@ def _wrapped(text: str) -> str:
     return text if ("\\boxed" in text or "\\fbox" in text) else f"\\boxed{{{text}}}"
 
 
-def ours(case: dict[str, Any]) -> bool:
+def ours(case: dict[str, Any], *, symbolic: bool = True) -> bool:
     from r1_ascend.recipe.reward import compute_score, grade_answer
 
     if case["kind"] == "answer_only":
-        return grade_answer(case["ground_truth"], case["response"])
-    else:
-        chosen = "think_boxed" if case.get("protocol") == "think_boxed" else "boxed"
-        result = compute_score("bench", case["response"], case["ground_truth"], protocol=chosen)
+        return grade_answer(case["ground_truth"], case["response"], symbolic=symbolic)
+    chosen = "think_boxed" if case.get("protocol") == "think_boxed" else "boxed"
+    result = compute_score("bench", case["response"], case["ground_truth"], protocol=chosen, symbolic=symbolic)
     return result["acc"] == 1.0
+
+
+def ours_fast_only(case: dict[str, Any]) -> bool:
+    """Our reward without the symbolic (Math-Verify) stage: what that stage adds in accuracy and costs in rate."""
+    return ours(case, symbolic=False)
 
 
 def math_verify(case: dict[str, Any]) -> bool:
@@ -74,7 +78,12 @@ def mathruler(case: dict[str, Any]) -> bool:
     return any(grade_answer(answer, gold) for gold in _golds(case))
 
 
-GRADERS: dict[str, Grader] = {"ours": ours, "math_verify": math_verify, "mathruler": mathruler}
+GRADERS: dict[str, Grader] = {
+    "ours": ours,
+    "ours_fast_only": ours_fast_only,
+    "math_verify": math_verify,
+    "mathruler": mathruler,
+}
 
 
 def _run(grader: Grader, cases: list[dict[str, Any]], repeats: int) -> tuple[list[bool], list[float], float]:
@@ -136,9 +145,32 @@ def bench_cases(path: Path, repeats: int) -> dict[str, float]:
         )
         if name == "ours":
             misses = [c for v, c in zip(verdicts, cases, strict=True) if v != c["expected"]]
+        if name == "ours":
+            by_source = _by_source(verdicts, cases)
     print("\n(accuracy (false positives / false negatives))")
     print(f"ours misses: {[(c['id'], 'core' if c['core'] else '-') for c in misses]}")
+    print("\nours by source project (a project's cases are held out from the rules of every other project):\n")
+    print("| source | all | core |")
+    print("|---|---|---|")
+    for source, (all_cells, core_cells) in by_source.items():
+        print(f"| {source} | {all_cells} | {core_cells} |")
     return rates
+
+
+def _by_source(verdicts: list[bool], cases: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
+    table = {}
+    for source in sorted({c["source"].split("@")[0] for c in cases}):
+        cells = []
+        for core_only in (False, True):
+            chosen = [
+                (v, c)
+                for v, c in zip(verdicts, cases, strict=True)
+                if c["source"].split("@")[0] == source and (c["core"] or not core_only)
+            ]
+            acc, fp, fn = _confusion([v for v, _ in chosen], [c for _, c in chosen])
+            cells.append(f"{acc:.3f} ({fp}/{fn}) n={len(chosen)}" if chosen else "-")
+        table[source] = (cells[0], cells[1])
+    return table
 
 
 def bench_responses(path: Path, repeats: int, out_dir: Path) -> dict[str, float]:
@@ -202,6 +234,15 @@ PATHOLOGICAL = {
     "5000 boxes": ("</think>" + "\\boxed{1} " * 5000, "1"),
     "sympy-heavy sum": ("</think>\\boxed{\\sum_{k=1}^{10^{9}} k^{k}}", "1"),
     "nested radicals 30": ("</think>\\boxed{" + "\\sqrt{2+" * 30 + "2" + "}" * 30 + "}", "2"),
+    "tower 9^{9^{9^{9}}}": ("</think>\\boxed{9^{9^{9^{9}}}}", "1"),
+    "tower a^{b^{c^{d}}}": ("</think>\\boxed{a^{b^{c^{d}}}}", "a^{b^{c}}"),
+    "\\sin(10^{10^{10}})": ("</think>\\boxed{\\sin(10^{10^{10}})}", "0"),
+    "(10^{10^9})^{10^{10^9}}": ("</think>\\boxed{(10^{10^{9}})^{10^{10^{9}}}}", "1"),
+    "\\exp(\\exp(\\exp(100)))": ("</think>\\boxed{\\exp(\\exp(\\exp(100)))}", "1"),
+    "150 x 2000! product": ("</think>\\boxed{" + "2000!\\cdot " * 150 + "1}", "2"),
+    "300 \\frac without braces": ("</think>\\boxed{" + "\\frac" * 300 + "12}", "1"),
+    "sympy timeout (1000-term sum)": ("</think>\\boxed{\\sum_{k=1}^{1000} \\frac{1}{k^{3}+\\sin(k)}}", "\\frac{2}{3}"),
+    "3000 ground truths": ("</think>\\boxed{5^{5}}", [f"{i}^{{{i}}}" for i in range(3000)]),
 }
 
 
@@ -249,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"real responses: ours / Math-Verify = {response_rates['ours'] / response_rates['math_verify']:.1f}x")
     print(f"pathological worst case: {worst:.3f} s (target < 1 s)")
+    fast_gain = case_rates["ours"] / case_rates["ours_fast_only"]
+    print(f"dev cases: symbolic stage costs {1 / fast_gain:.2f}x of the fast-only rate (see accuracy columns)")
     return 0
 
 

@@ -9,6 +9,10 @@ verl imports this file by path (as module ``custom_module``), so it only re-expo
 
 from __future__ import annotations
 
-from r1_ascend.recipe.reward import compute_score, compute_score_batch
+from r1_ascend.recipe.reward import compute_score, compute_score_batch, start_in_background
+
+# verl loads this file while building the trainer, minutes before the first rollout is scored: start the symbolic
+# stage's template process now (non-blocking) so that no response ever waits for its one-off start.
+start_in_background()
 
 __all__ = ["compute_score", "compute_score_batch"]

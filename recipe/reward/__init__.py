@@ -15,6 +15,7 @@ from r1_ascend.recipe.reward.score import (
     compute_score,
     compute_score_batch,
     grade_answer,
+    start_in_background,
     warm_up,
 )
 
@@ -28,5 +29,6 @@ __all__ = [
     "extract_answer",
     "grade_answer",
     "is_equivalent",
+    "start_in_background",
     "warm_up",
 ]

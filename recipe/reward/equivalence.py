@@ -11,7 +11,7 @@ import enum
 import re
 import time
 
-from r1_ascend.recipe.reward.compare import Comparator, DeadlineExceeded, Malformed, Undecided
+from r1_ascend.recipe.reward.compare import Comparator, DeadlineExceeded, Malformed, TooLarge, Undecided
 from r1_ascend.recipe.reward.normalize import compact, normalize_answer
 from r1_ascend.recipe.reward.parse import MAX_ANSWER_CHARS, ParseError, parse_answer
 from r1_ascend.recipe.reward.symbolic import SymbolicTimeout, SymbolicWorker
@@ -51,6 +51,8 @@ def judge(gold: str, pred: str, deadline: float) -> Verdict:
         return Verdict.TIMEOUT
     except Malformed:
         return Verdict.DIFFERENT
+    except TooLarge:
+        return Verdict.UNPARSABLE
     except (Undecided, RecursionError, KeyError, TypeError, ValueError, ArithmeticError):
         return _symbolic_or_unparsable(gold, pred)
 

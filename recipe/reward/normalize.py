@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import re
+from fractions import Fraction
 
 # Internal markers for LaTeX set braces ``\{ \}`` so that they survive the removal of grouping braces.
 SET_OPEN = "\u2983"  # ⦃
@@ -20,7 +21,9 @@ SET_CLOSE = "\u2984"  # ⦄
 _TEXT_COMMANDS = ("text", "textbf", "textit", "textnormal", "textrm", "textsf", "texttt", "mbox", "mathrm", "mathbf")
 _TEXT_COMMANDS += ("mathit", "mathsf", "mathtt", "mathbb", "mathcal", "operatorname", "rm", "bf", "displaystyle")
 _TEXT_RE = re.compile(r"\\(?:" + "|".join(_TEXT_COMMANDS) + r")\s*\{([^{}]*)\}")
-_TEXT_WORD_CONNECTORS = re.compile(r"\\text\{\s*(?:and|or|,)\s*\}|\s+(?:and|or)\s+|,\s*(?:and|or)\s+")
+_TEXT_WORD_CONNECTORS = re.compile(
+    r"\\text\{\s*(?:and|or|,)\s*\}|\s+(?:and|or)\s+|,\s*(?:and|or)\s+|(?<=[)\]])\s*(?:and|or)\s*(?=[(\[])"
+)  # "x = 1 or x = 2", "(1,2) and (3,4)", "(11,7)or(7,11)"
 # A number followed by a \text group that starts with a space is a unit: "125\text{ miles}". The unit's exponent
 # goes with it ("25\text{ cm}^2" is 25, not 25^2); a group holding a digit, or followed by one, is not a unit
 # ("2\text{ (or 3)}", "2\text{ dozen}0").
@@ -44,12 +47,23 @@ _RELATION_ALIAS = (
     (re.compile(r"\\gt(?![a-zA-Z])"), ">"),
 )
 _THOUSANDS_BRACE_RE = re.compile(r"(\d)\{,\}(?=\d{3})")
+# Digit groups joined by a LaTeX thousands separator (``12,\!345``, ``12{,}345``, ``12\,345``, ``12\;345``):
+# these spellings only ever group digits, so they are removed anywhere in the answer. A plain comma is not in the
+# list (``1,234`` may be a pair), and neither is ``,\,`` (a comma followed by a thin space separates items).
+_LATEX_THOUSANDS_SEP = r"(?:,\\!|\{,\}|\\[,;:! ]|\\thinspace|~)[ \t]*"
+_LATEX_THOUSANDS_RE = re.compile(r"(?<![\d.])\d{1,3}(?:" + _LATEX_THOUSANDS_SEP + r"\d{3})+(?!\d)")
+_LATEX_THOUSANDS_SEP_RE = re.compile(_LATEX_THOUSANDS_SEP)
 _THOUSANDS_WHOLE_RE = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 _THOUSANDS_SPACE_RE = re.compile(r"[+-]?\d{1,3}(?: \d{3})+(?:\.\d+)?")
 _TRAILING_UNIT_WORDS_RE = re.compile(r"^(.*?[\d}])\s+[a-zA-Z]{2,}(?: [a-zA-Z]+)*\.?$")
 _DOUBLE_BACKSLASH_CMD_RE = re.compile(r"\\\\(?=[a-zA-Z])")
 _BOXED_WRAPPER_RE = re.compile(r"^\\(?:boxed|fbox)\s*\{(.*)\}$", re.DOTALL)
 _WS_RE = re.compile(r"\s+")
+# Decorations of a name that do not change what it names: a segment \overline{PQ}, a vector \vec{AB}. Digits are
+# excluded: \overline{3} in 0.\overline{3} marks a repeating decimal.
+_REPEATING_DECIMAL_RE = re.compile(r"(\d*)\.(\d*)\\overline\s*\{\s*(\d{1,30})\s*\}")
+_NAME_DECORATION_RE = re.compile(r"\\(?:overline|overrightarrow|vec|widehat|hat|mathbf)\s*\{\s*([A-Za-z]{1,4})\s*\}")
+_NORM_BARS_RE = re.compile(r"\\\||\\[lr]Vert(?![a-zA-Z])|\\Vert(?![a-zA-Z])")
 
 
 def _unwrap_text_groups(text: str) -> str:
@@ -81,6 +95,14 @@ def _matching_close(text: str, open_index: int) -> int:
     return -1
 
 
+def _repeating_decimal(match: re.Match[str]) -> str:
+    """``0.1\\overline{6}`` is the exact fraction 1/6: whole part, fixed digits, then the repeating block."""
+    whole, fixed, block = match.group(1) or "0", match.group(2), match.group(3)
+    value = Fraction(int(whole)) + Fraction(int(fixed or "0"), 10 ** len(fixed))
+    value += Fraction(int(block), (10 ** len(block) - 1) * 10 ** len(fixed))
+    return f"\\frac{{{value.numerator}}}{{{value.denominator}}}"
+
+
 @functools.lru_cache(maxsize=8192)
 def normalize_answer(answer: str) -> str:
     """Canonical spelling of one answer string (no semantic change beyond the documented notation rules)."""
@@ -92,9 +114,13 @@ def normalize_answer(answer: str) -> str:
             break
         text = match.group(1).strip()
     text = _DOLLAR_RE.sub(" ", text)
+    text = _LATEX_THOUSANDS_RE.sub(lambda match: _LATEX_THOUSANDS_SEP_RE.sub("", match.group()), text)
     text = _TEXT_WORD_CONNECTORS.sub(",", text)
     text = _UNIT_TEXT_RE.sub(r"\1", text)
     text = _unwrap_text_groups(text)
+    text = _REPEATING_DECIMAL_RE.sub(_repeating_decimal, text)
+    text = _NAME_DECORATION_RE.sub(r"\1", text)
+    text = _NORM_BARS_RE.sub("|", text)
     text = _SPACING_RE.sub(" ", text)
     text = _LEFT_RIGHT_RE.sub(lambda m: m.group(1) or "", text)
     text = _FRAC_ALIAS_RE.sub(r"\\frac", text)

@@ -8,7 +8,8 @@ Node shapes: ``("num", Fraction, literal)``, ``("sym", name)``, ``("const", "pi"
 ``("mul", [..])``, ``("neg", x)``, ``("div", a, b)``, ``("pow", a, b)``, ``("fact", x)``, ``("func", name, x)``,
 ``("binom", n, k)``, ``("pm", a, b)``; containers ``("list", [..])`` (unordered answers),
 ``("tuple", open, close, [..])`` (ordered pair / interval), ``("set", [..])``, ``("union", [..])``; statements
-``("eq", lhs, rhs)`` and ``("rel", op, lhs, rhs)`` with op in ``<``, ``\\le``, ``>``, ``\\ge``, ``\\ne``.
+``("eq", lhs, rhs)``, ``("named", label, value)`` (``x = 3``, ``|PQ| = 3``: a name on the left) and
+``("rel", op, lhs, rhs)`` with op in ``<``, ``\\le``, ``>``, ``\\ge``, ``\\ne``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ Node = tuple[Any, ...]
 
 MAX_ANSWER_CHARS = 1000
 MAX_NESTING = 40
+# Recursion depth of the parser (and so of the evaluator over its tree): unary signs, macro arguments without
+# braces (\frac\frac..., \sqrt\sqrt...) and exponents nest without any bracket, so brackets alone do not bound it.
+MAX_PARSE_DEPTH = 150  # about three per bracket level, so MAX_NESTING stays the binding limit for brackets
 
 _FUNCTION_NAMES = "sin cos tan sec csc cot arcsin arccos arctan sinh cosh tanh ln log exp"
 FUNCTIONS = frozenset(_FUNCTION_NAMES.split())
@@ -77,6 +81,13 @@ class _Parser:
     def __init__(self, tokens: list[tuple[str, str]]) -> None:
         self.tokens = tokens
         self.index = 0
+        self.depth = 0
+
+    def _enter(self) -> None:
+        self.depth += 1
+        if self.depth > MAX_PARSE_DEPTH:
+            msg = f"answer nested deeper than {MAX_PARSE_DEPTH}"
+            raise ParseError(msg)
 
     # -- token helpers --------------------------------------------------------------------------
     def peek(self) -> tuple[str, str] | None:
@@ -122,7 +133,7 @@ class _Parser:
             if len(ops) >= 2:
                 return parts[-1]
             if is_label(parts[0]):
-                return parts[1]
+                return ("named", parts[0], parts[1])
             return ("eq", parts[0], parts[1])
         if len(ops) == 1 and ops[0] != "\\in":
             return ("rel", ops[0], parts[0], parts[1])
@@ -175,21 +186,32 @@ class _Parser:
         return value in ("(", "[", "{", SET_OPEN)
 
     def unary(self) -> Node:
-        if self.peek_value() == "-":
-            self.take()
-            return ("neg", self.unary())
-        if self.peek_value() == "+":
-            self.take()
-            return self.unary()
-        return self.power()
+        self._enter()
+        try:
+            if self.peek_value() == "-":
+                self.take()
+                return ("neg", self.unary())
+            if self.peek_value() == "+":
+                self.take()
+                return self.unary()
+            if self.peek_value() in ("\\pm", "\\mp"):  # "\pm 3" is the two answers 3 and -3
+                self.take()
+                return ("pm", _number("0"), self.unary())
+            return self.power()
+        finally:
+            self.depth -= 1
 
     def power(self) -> Node:
-        base = self.postfix()
-        if self.peek_value() == "^":
-            self.take()
-            exponent = self.group_or_atom() if self.peek_value() == "{" else self.unary_exponent()
-            return self.postfix_ops(("pow", base, exponent))
-        return base
+        self._enter()
+        try:
+            base = self.postfix()
+            if self.peek_value() == "^":
+                self.take()
+                exponent = self.group_or_atom() if self.peek_value() == "{" else self.unary_exponent()
+                return self.postfix_ops(("pow", base, exponent))
+            return base
+        finally:
+            self.depth -= 1
 
     def unary_exponent(self) -> Node:
         if self.peek_value() == "-":
@@ -223,6 +245,13 @@ class _Parser:
         return self.primary()
 
     def primary(self) -> Node:
+        self._enter()
+        try:
+            return self._primary()
+        finally:
+            self.depth -= 1
+
+    def _primary(self) -> Node:
         kind, value = self.take()
         if kind == "num":
             node = _number(value)
@@ -375,13 +404,21 @@ def _subscript_name(node: Node) -> str:
 
 
 def is_label(node: Node) -> bool:
-    """Left sides that name the answer rather than constrain it: ``x``, ``x_1``, ``f(x)``, ``(p,q)``, ``A:B``."""
+    """Left sides that name the answer rather than constrain it.
+
+    ``x``, ``x_1``, ``f(x)``, ``AB``, ``(p,q)``, a length ``|PQ|``, ``\\sin A`` and a ratio of names
+    ``\\frac{AB}{CD}``.
+    """
     if node[0] == "sym":
         return True
     if node[0] == "mul":  # f(x) parses as f*x; "AB" as A*B
         return all(part[0] == "sym" for part in node[1])
     if node[0] == "tuple":
         return all(part[0] == "sym" for part in node[3])
+    if node[0] == "func":  # |PQ|, \\sin A, \\cos\\theta: a function of a name names a value
+        return is_label(node[2]) and node[2][0] != "tuple"
+    if node[0] == "div":
+        return all(is_label(part) and part[0] != "tuple" for part in node[1:])
     return False
 
 
@@ -399,12 +436,22 @@ def _split_top_level(text: str, separator: str) -> list[str]:
     return parts
 
 
+def _names_only(text: str) -> bool:
+    try:
+        parser = _Parser(_tokenize(text))
+        node = parser.statement()
+    except (ParseError, RecursionError):
+        return False
+    return parser.at_end() and is_label(node)
+
+
 def _parse_statement_text(text: str) -> Node:
     text = text.strip()
     if "\\approx" in text:
-        head = text.split("\\approx", 1)[0].strip()
-        if head:
-            text = head.rstrip("=").strip()
+        # "x = 1/3 \approx 0.33": the exact value before it counts; "y \approx 7": a name, so the value after it
+        head, tail = (part.strip() for part in text.split("\\approx", 1))
+        head = head.rstrip("=").strip()
+        text = tail.split("\\approx", 1)[0] if not head or _names_only(head) else head
     text = re.sub(r"^[A-Za-z]\s*:\s*[A-Za-z]\s*=", "", text)  # "A:B=1" names a ratio
     if not text:
         msg = "empty answer element"
@@ -447,6 +494,8 @@ def expand_plus_minus(node: Node) -> list[Node]:
     """``a \\pm b`` as an answer means the two answers ``a+b`` and ``a-b``."""
     if node[0] == "pm":
         return [("add", [node[1], node[2]]), ("add", [node[1], ("neg", node[2])])]
+    if node[0] == "named":
+        return [("named", node[1], variant) for variant in expand_plus_minus(node[2])]
     if node[0] == "div" and node[1][0] == "pm":
         return [("div", variant, node[2]) for variant in expand_plus_minus(node[1])]
     return [node]

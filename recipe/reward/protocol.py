@@ -26,7 +26,9 @@ PROTOCOL_BOXED = "boxed"
 PROTOCOLS = (PROTOCOL_THINK_BOXED, PROTOCOL_BOXED)
 
 MAX_BOX_CHARS = 2000
+MAX_BOXES = 64  # only the last 64 boxes of a response are read (the answer is the last one)
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
+_BRACE_RE = re.compile(r"\\[{}]|[{}]")  # an escaped brace is consumed whole, so it never counts as a group
 
 # fail_reason values (the empty string means the answer was extracted; see score.py for the grading ones)
 NO_THINK_CLOSE = "no_think_close"
@@ -55,7 +57,7 @@ def find_boxes(text: str) -> tuple[list[str], str]:
     """All top-level box contents in ``text`` in order, and a failure reason if a box is empty or unbalanced."""
     answers: list[str] = []
     problem = ""
-    position = 0
+    position = _scan_start(text)
     while True:
         match = _BOX_RE.search(text, position)
         if match is None:
@@ -83,35 +85,56 @@ def find_boxes(text: str) -> tuple[list[str], str]:
     return answers, problem
 
 
+def _scan_start(text: str) -> int:
+    """Where the last ``MAX_BOXES`` boxes begin: only they are read, so thousands of boxes cost no more than 64.
+
+    One backward cursor per spelling, each moving only backwards: linear in the text length overall.
+    """
+    cursors = {needle: text.rfind(needle) for needle in ("\\boxed", "\\fbox")}
+    position = len(text)
+    for _ in range(MAX_BOXES):
+        needle = max(cursors, key=cursors.__getitem__)
+        position = cursors[needle]
+        if position < 0:
+            return 0
+        cursors[needle] = text.rfind(needle, 0, position)
+    return position
+
+
 _UNBALANCED = -1
 _TOO_LONG = -2
 
 
 def _matching_brace(text: str, open_index: int) -> int:
-    """Index of the brace closing ``text[open_index]`` (iterative, bounded by MAX_BOX_CHARS).
+    """Index of the brace closing ``text[open_index]`` (bounded by MAX_BOX_CHARS, C-speed between braces).
 
     ``_UNBALANCED`` when the text ends first, ``_TOO_LONG`` when the content would exceed MAX_BOX_CHARS.
+    ``\\{`` and ``\\}`` are set braces, not groups; a ``\\}`` without its ``\\{`` is a stray backslash
+    followed by a closing brace (``\\boxed{7\\}``).
     """
-    depth = 0
+    depth = set_depth = 0
     limit = min(len(text), open_index + MAX_BOX_CHARS + 2)
-    for index in range(open_index, limit):
-        char = text[index]
-        if char == "\\" and index + 1 < limit and text[index + 1] in "{}":
-            continue
-        if char == "{" and (index == open_index or text[index - 1] != "\\"):
+    for match in _BRACE_RE.finditer(text, open_index, limit):
+        brace = match.group()
+        if brace == "\\{":
+            set_depth += 1
+        elif brace == "\\}" and set_depth:
+            set_depth -= 1
+        elif brace == "{":
             depth += 1
-        elif char == "}" and text[index - 1] != "\\":
+        elif brace in ("}", "\\}"):  # an unmatched "\}" is a stray backslash before a closing brace
             depth -= 1
             if depth == 0:
-                return index
+                return match.end() - 1
     return _TOO_LONG if limit < len(text) else _UNBALANCED
 
 
 def _distinct(answers: list[str]) -> tuple[str, ...]:
+    """Distinct answers ordered by their last occurrence: a final answer that repeats an earlier box stays last."""
     seen: dict[str, str] = {}
-    for answer in answers:
+    for answer in reversed(answers):
         seen.setdefault("".join(answer.split()), answer)
-    return tuple(seen.values())
+    return tuple(reversed(seen.values()))
 
 
 def extract_answer(response: str, protocol: str = PROTOCOL_THINK_BOXED) -> Extraction:
@@ -150,12 +173,22 @@ def _answer_tags_ok(tail: str) -> bool:
     return _BOX_RE.search(block) is not None and not _BOX_RE.search(tail[end:])
 
 
+_BOX_LIST_GLUE_RE = re.compile(r"(?:[\s,;$]|\\[(\[\])]|\band\b)*")
+
+
 def unbox_ground_truth(ground_truth: str) -> str:
-    """Ground truths are plain answers; a boxed one (``\\boxed{24}``) is unwrapped to its last box."""
+    """Ground truths are plain answers; a boxed one (``\\boxed{24}``) is unwrapped.
+
+    Several boxes joined only by commas, spaces, ``$`` or "and" are one list answer (``\\boxed{2}, \\boxed{3}``);
+    boxes with other words between them are a solution text whose last box is the answer.
+    """
     if _BOX_RE.search(ground_truth):
         answers, _ = find_boxes(ground_truth)
         if len(answers) == 1:
             return answers[0]
         if answers:
-            return ", ".join(answers)
+            rest = ground_truth
+            for answer in answers:
+                rest = re.sub(r"\\(?:boxed|fbox)\s*\{\s*" + re.escape(answer) + r"\s*\}", " ", rest, count=1)
+            return ", ".join(answers) if _BOX_LIST_GLUE_RE.fullmatch(rest) else answers[-1]
     return ground_truth

@@ -144,6 +144,9 @@ def _grade(
     pending.pred = candidates[0]
     for pred in candidates:
         for gold in pending.golds:
+            if time.monotonic() > pending.deadline:  # a long list of ground truths shares one bound
+                pending.verdict = Verdict.TIMEOUT
+                break
             verdict = judge(gold, pred, pending.deadline)
             if verdict is Verdict.EQUAL:
                 pending.verdict, pending.pred, pending.symbolic = verdict, pred, []
@@ -209,6 +212,13 @@ def warm_up() -> None:
     default_worker(wait=True)
 
 
+def start_in_background() -> None:
+    """Start the symbolic template without waiting, so that it is warm long before the first reward is computed."""
+    global _template_requested
+    _template_requested = True
+    default_worker()
+
+
 def grade_answer(ground_truth: Any, answer: str, **kwargs: Any) -> bool:
     """Equivalence of a bare answer (no protocol) with a ground truth (str or list = any of), both stages."""
     config = RewardConfig.from_kwargs(kwargs)
@@ -226,11 +236,18 @@ def compute_score(
     data_source: Any = None, solution_str: Any = "", ground_truth: Any = None, extra_info: Any = None, **kwargs: Any
 ) -> dict[str, Any]:
     """verl ``custom_reward_function`` entry point for one response (naive reward manager)."""
+    global _template_requested
     config = RewardConfig.from_kwargs(kwargs)
+    if config.symbolic and not _template_requested:
+        _template_requested = True
+        default_worker()  # non-blocking: the template's imports overlap with the fast stages of the first calls
     pending = _fast_stage(solution_str, ground_truth, config)
     if pending.symbolic:
         _symbolic_stage(pending, default_worker())
     return _result(pending, config)
+
+
+_template_requested = False
 
 
 _pools: dict[int, WorkerPool] = {}
