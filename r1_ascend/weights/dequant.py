@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import json
 import logging
-import multiprocessing as mp
 import os
 import shutil
 import signal
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from r1_ascend.weights.safetensors_io import (
     write_atomically,
 )
 from r1_ascend.weights.source import INDEX_NAME, HFCheckpoint, is_mtp_tensor, load_json
+from r1_ascend.weights.workers import mp_context, delay_hook, worker_pool
 
 log = logging.getLogger(__name__)
 
@@ -105,9 +105,8 @@ def shard_is_complete(path: Path, plan: ShardPlan) -> bool:
 _WORKER_STATE: dict[str, Any] = {}
 
 
-def _worker_init(queue: Any, threads: int) -> None:
+def _worker_init(queue: Any) -> None:
     _WORKER_STATE["queue"] = queue
-    torch.set_num_threads(threads)
 
 
 def _checkpoint(src: str) -> HFCheckpoint:
@@ -148,6 +147,7 @@ def convert_shard(src: str, dst: str, plan: ShardPlan, report: Any = None) -> in
                 elif queue is not None:
                     queue.put(src_bytes)
                 _maybe_fault()
+                delay_hook()
             writer.close_check()
             f.flush()
             os.fsync(f.fileno())
@@ -234,11 +234,9 @@ def convert_fp8_to_bf16(
 
 
 def _run_parallel(src: str, dst: str, todo: list[ShardPlan], workers: int, bar: Progress) -> int:
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    threads = max(1, (os.cpu_count() or 1) // workers)
+    queue = mp_context().Queue()
     written = 0
-    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init, initargs=(queue, threads)) as pool:
+    with worker_pool(workers, _worker_init, (queue,)) as pool:
         # biggest shards first so the tail is short
         futures = {pool.submit(convert_shard, src, dst, p) for p in sorted(todo, key=lambda p: -p.input_bytes)}
         while futures:

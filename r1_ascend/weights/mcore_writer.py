@@ -15,11 +15,9 @@ import io
 import json
 import logging
 import math
-import multiprocessing as mp
 import os
 import signal
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +41,7 @@ from r1_ascend.weights.outdir import fingerprint, prepare_output
 from r1_ascend.weights.progress import Progress
 from r1_ascend.weights.safetensors_io import write_atomically
 from r1_ascend.weights.source import HFCheckpoint
+from r1_ascend.weights.workers import mp_context, delay_hook, worker_pool
 
 log = logging.getLogger(__name__)
 
@@ -207,6 +206,7 @@ def write_rank_file(dst: Path, rank: int, items: list[WriteItem], resolver: _Laz
             data = resolver.resolve_data(item)
             results.append(write_one(stream, data, item, name))
             del data
+            delay_hook()
         stream.flush()
         os.fsync(stream.fileno())
     tmp.replace(dst / name)
@@ -231,8 +231,16 @@ def _maybe_kill_after_rank() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _write_ranks(src: str, dst: str, layout: Layout, extra_state: bool, ranks: list[int], queue: Any) -> list[Any]:
+_WORKER_QUEUE: list[Any] = []
+
+
+def _set_worker_queue(queue: Any) -> None:
+    _WORKER_QUEUE[:] = [queue]
+
+
+def _write_ranks(src: str, dst: str, layout: Layout, extra_state: bool, ranks: list[int]) -> list[Any]:
     """Worker: write the files of ``ranks``; returns DCP WriteResults for the metadata."""
+    queue = _WORKER_QUEUE[0] if _WORKER_QUEUE else None
     ckpt = HFCheckpoint(src)
     plan = build_plan(ckpt.config, layout, extra_state=extra_state)
     pieces = {(t.key, p.offsets): (t, p) for t in plan.tensors for p in t.pieces}
@@ -336,12 +344,10 @@ def _write_parallel(src, dst, layout, extra_state, plan, ranks, workers, bar) ->
         i = loads.index(min(loads))
         buckets[i].append(r)
         loads[i] += sizes[r]
-    ctx = mp.get_context("spawn")
-    manager = ctx.Manager()
-    queue = manager.Queue()
+    queue = mp_context().Queue()
     results: list[Any] = []
-    with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-        futures = [pool.submit(_write_ranks, src, dst, layout, extra_state, b, queue) for b in buckets if b]
+    with worker_pool(workers, _set_worker_queue, (queue,)) as pool:
+        futures = [pool.submit(_write_ranks, src, dst, layout, extra_state, b) for b in buckets if b]
         pending = set(futures)
         while pending:
             pending = {f for f in pending if not f.done()}
@@ -352,6 +358,5 @@ def _write_parallel(src, dst, layout, extra_state, plan, ranks, workers, bar) ->
             results.extend(f.result())
     while not queue.empty():
         bar.add(queue.get())
-    manager.shutdown()
     os.sync()
     return results
