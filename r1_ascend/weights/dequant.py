@@ -33,7 +33,7 @@ from r1_ascend.weights.safetensors_io import (
     write_atomically,
 )
 from r1_ascend.weights.source import INDEX_NAME, HFCheckpoint, is_mtp_tensor, load_json
-from r1_ascend.weights.workers import mp_context, delay_hook, worker_pool
+from r1_ascend.weights.workers import delay_hook, mp_context, worker_pool
 
 log = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ from r1_ascend.weights.outdir import fingerprint, prepare_output
 from r1_ascend.weights.progress import Progress
 from r1_ascend.weights.safetensors_io import write_atomically
 from r1_ascend.weights.source import HFCheckpoint
-from r1_ascend.weights.workers import mp_context, delay_hook, worker_pool
+from r1_ascend.weights.workers import delay_hook, mp_context, worker_pool
 
 log = logging.getLogger(__name__)
 
