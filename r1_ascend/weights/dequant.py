@@ -20,8 +20,9 @@ from typing import Any
 
 import torch
 
-from r1_ascend.weights.errors import CheckpointFormatError
+from r1_ascend.weights.errors import AlreadyBF16Error, CheckpointFormatError
 from r1_ascend.weights.fp8 import SCALE_SUFFIX
+from r1_ascend.weights.inventory import check_inventory, expected_tensors
 from r1_ascend.weights.outdir import fingerprint, prepare_output, remove_stale_temps
 from r1_ascend.weights.progress import Progress
 from r1_ascend.weights.safetensors_io import (
@@ -30,6 +31,7 @@ from r1_ascend.weights.safetensors_io import (
     TensorEntry,
     encode_header,
     ordered_layout,
+    read_header,
     write_atomically,
 )
 from r1_ascend.weights.source import INDEX_NAME, HFCheckpoint, is_mtp_tensor, load_json
@@ -201,6 +203,17 @@ def convert_fp8_to_bf16(
         msg = "source and output directories are the same; the converter never modifies its input"
         raise CheckpointFormatError(msg)
     ckpt = HFCheckpoint(src)
+    e5m2 = [n for n in ckpt.weight_map if ckpt.entry(n).dtype == "F8_E5M2"]
+    if e5m2:
+        plan_shards(ckpt, drop_mtp=drop_mtp)  # raises its e5m2 message
+    if not ckpt.quantized:
+        msg = (
+            f"{src} holds no FP8 weights: it is already a BF16 checkpoint, so there is nothing to dequantise and "
+            "nothing was written. Use it as it is: `r1-ascend convert-weights fix-config` on it (or a copy), then "
+            "`to-megatron`."
+        )
+        raise AlreadyBF16Error(msg)
+    ckpt.check_architecture(mtp=True, what="FP8 input")
     plans = plan_shards(ckpt, drop_mtp=drop_mtp)
     manifest = {
         "step": "fp8-to-bf16",
@@ -225,7 +238,7 @@ def convert_fp8_to_bf16(
             written += convert_shard(str(src), str(dst), plan, report=bar.add)
     else:
         written = _run_parallel(str(src), str(dst), todo, workers, bar)
-    _write_index_and_side_files(src, dst, plans, ckpt.config)
+    _write_index_and_side_files(src, dst, plans, ckpt.config, mtp=not drop_mtp)
     bar.finish()
     result = ConversionResult(dst, len(todo), skipped, written, time.monotonic() - start, total_input)
     if verify:
@@ -250,7 +263,20 @@ def _run_parallel(src: str, dst: str, todo: list[ShardPlan], workers: int, bar: 
     return written
 
 
-def _write_index_and_side_files(src: Path, dst: Path, plans: list[ShardPlan], config: dict[str, Any]) -> None:
+def check_output_inventory(dst: Path, files: list[str], config: dict[str, Any], *, mtp: bool) -> None:
+    """The written shards (their headers, as a reader sees them) hold exactly the BF16 inventory of the config."""
+    have: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for file in files:
+        have.update({n: (e.dtype, e.shape) for n, e in read_header(dst / file).entries.items()})
+    expected = expected_tensors(config, fp8=False, mtp=mtp)
+    check_inventory(have, expected, f"BF16 output {dst}", fix="rerun with --overwrite")
+
+
+def _write_index_and_side_files(
+    src: Path, dst: Path, plans: list[ShardPlan], config: dict[str, Any], *, mtp: bool
+) -> None:
+    """The index is the completion marker: written only after the shards pass the architecture check."""
+    check_output_inventory(dst, [p.file for p in plans if p.layout], config, mtp=mtp)
     weight_map = {e.name: p.file for p in plans for e in p.layout}
     total = sum(e.nbytes for p in plans for e in p.layout)
     _copy_side_files(src, dst)
@@ -262,6 +288,7 @@ def _write_index_and_side_files(src: Path, dst: Path, plans: list[ShardPlan], co
 def verify_bf16(src: str | Path, dst: str | Path, *, drop_mtp: bool = False, progress: bool = True) -> int:
     """Re-read every output tensor and compare it bit for bit with a fresh dequantisation of the source."""
     source, output = HFCheckpoint(src), HFCheckpoint(dst)
+    output.check_architecture(mtp=not drop_mtp, what="BF16 output")
     expected = set(source.names(include_mtp=not drop_mtp))
     got = set(output.names(include_scales=True))
     if expected != got:

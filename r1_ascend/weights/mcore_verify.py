@@ -175,6 +175,32 @@ def _verify_rank(ckpt_dir: Path, hf_dir: Path, layout: Layout, extra_state: bool
     return compared
 
 
+def check_megatron_inventory(ckpt_dir: Path, plan: MegatronPlan, *, allow_extra: bool = False) -> None:
+    """The dist checkpoint's metadata lists exactly the plan's tensors (keys, global shapes, dtypes).
+
+    ``allow_extra`` accepts other keys (a training checkpoint also holds optimizer state).
+    """
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from r1_ascend.weights.inventory import check_inventory
+
+    try:
+        meta = FileSystemReader(str(ckpt_dir)).read_metadata()
+    except (OSError, EOFError, ValueError) as exc:
+        msg = f"{ckpt_dir} has no readable dist-checkpoint metadata (.metadata: {exc}); the save did not finish"
+        raise CheckpointFormatError(msg) from exc
+    have = {
+        k: (str(v.properties.dtype), tuple(v.size))
+        for k, v in meta.state_dict_metadata.items()
+        if isinstance(v, TensorStorageMetadata)
+    }
+    expected = {t.key: (str(t.dtype), tuple(t.global_shape)) for t in plan.tensors}
+    if allow_extra:
+        have = {k: v for k, v in have.items() if k in expected}
+    check_inventory(have, expected, f"Megatron checkpoint {ckpt_dir}", fix="re-run the conversion with --overwrite")
+
+
 def _rank_main(rank: int, world: int, store: str, args: tuple, results: Any) -> None:
     try:
         with process_group(rank, world, store):
@@ -194,6 +220,9 @@ def verify_megatron(
     import multiprocessing as mp
 
     ckpt_dir, hf_dir = Path(ckpt_dir), Path(hf_dir)
+    source = HFCheckpoint(hf_dir)
+    source.check_architecture(what="HF source")
+    check_megatron_inventory(ckpt_dir, build_plan(source.config, Layout(), extra_state=extra_state))
     total = 0
     for layout in layouts or [Layout()]:
         world = layout.tp * layout.ep

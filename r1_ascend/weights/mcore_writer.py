@@ -56,6 +56,7 @@ MCORE_METADATA = {
 
 def check_plan_against_source(plan: MegatronPlan, ckpt: HFCheckpoint) -> None:
     """Every non-MTP HF tensor is used exactly once, with the shape the config implies."""
+    ckpt.check_architecture(what="Megatron conversion source")
     available = set(ckpt.names(include_mtp=False))
     missing = sorted(plan.consumed - available)
     unused = sorted(available - plan.consumed)
@@ -321,6 +322,9 @@ def convert_hf_to_megatron(
     finisher = FileSystemWriter(str(dst), single_file_per_rank=True, sync_files=True)
     finisher.set_up_storage_writer(True)
     finisher.finish(build_metadata(plan), [results])
+    from r1_ascend.weights.mcore_verify import check_megatron_inventory
+
+    check_megatron_inventory(dst, plan)  # before metadata.json, which marks the checkpoint complete
     common = dst / "common.pt"
     torch.save({}, common)
     write_atomically(dst / "metadata.json", json.dumps(MCORE_METADATA).encode())

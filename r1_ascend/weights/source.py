@@ -92,6 +92,27 @@ class HFCheckpoint:
     def entry(self, name: str) -> TensorEntry:
         return self.headers[self.weight_map[name]].entries[name]
 
+    def inventory(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """name -> (dtype, shape) of every indexed tensor, for the architecture check."""
+        return {n: (self.entry(n).dtype, self.entry(n).shape) for n in self.weight_map}
+
+    @property
+    def quantized(self) -> bool:
+        """Holds block-FP8 weights (any F8_E4M3 tensor)."""
+        return any(self.entry(n).dtype == "F8_E4M3" for n in self.weight_map)
+
+    def check_architecture(self, *, mtp: bool | None = None, what: str = "checkpoint") -> None:
+        """Check the indexed tensors against the config's inventory (FP8 or BF16 as stored).
+
+        ``mtp`` None accepts the MTP layers either complete or absent (a BF16 copy may have dropped them).
+        """
+        from r1_ascend.weights.inventory import check_inventory, expected_tensors, has_mtp
+
+        if mtp is None:
+            mtp = has_mtp(self.weight_map, self.config)
+        expected = expected_tensors(self.config, fp8=self.quantized, mtp=mtp)
+        check_inventory(self.inventory(), expected, f"{what} {self.path}")
+
     def is_fp8(self, name: str) -> bool:
         return self.entry(name).dtype == "F8_E4M3"
 
