@@ -88,6 +88,14 @@ def main(argv: list[str] | None = None) -> int:
     except WeightsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # a write failing mid-run (disk full, storage gone read-only): no traceback
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(
+            f"error: {exc.strerror or exc}{where}. Fix the storage problem and rerun the same command; "
+            "finished files are kept and the run resumes.",
+            file=sys.stderr,
+        )
+        return 1
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -40,12 +40,62 @@ class Layout:
         base, extra = divmod(num_layers, self.pp)
         return tuple(base + (1 if s < extra else 0) for s in range(self.pp))
 
+    def check(self, cfg: dict[str, Any]) -> None:
+        """Refuse a layout the model cannot take, naming every reason at once (nothing is written before this)."""
+        problems = [
+            f"{k}={v} must be at least 1" for k, v in (("tp", self.tp), ("pp", self.pp), ("ep", self.ep)) if v < 1
+        ]
+        if not problems:
+            problems += _layout_problems(self, cfg)
+        if problems:
+            msg = (
+                f"layout tp={self.tp} pp={self.pp} ep={self.ep}"
+                + (f" pp_layers={list(self.pp_layers)}" if self.pp_layers else "")
+                + " does not fit the model: "
+                + "; ".join(problems)
+                + ". Pick sizes that divide these dimensions."
+            )
+            raise WeightsError(msg)
+
     @property
     def world_size(self) -> int:
         return self.tp * self.pp * self.ep
 
     def rank(self, stage: int, ep_rank: int, tp_rank: int) -> int:
         return (stage * self.ep + ep_rank) * self.tp + tp_rank
+
+
+def _layout_problems(layout: Layout, cfg: dict[str, Any]) -> list[str]:
+    out = []
+    tp = layout.tp
+    divisible_by_tp = {
+        "num_attention_heads (attention heads are split across TP ranks)": cfg["num_attention_heads"],
+        "vocab_size (embedding and output layer rows)": cfg["vocab_size"],
+        "moe_intermediate_size (expert FFN)": cfg["moe_intermediate_size"],
+        "moe_intermediate_size * n_shared_experts (shared experts)": cfg["moe_intermediate_size"]
+        * cfg["n_shared_experts"],
+        "kv_lora_rank + qk_rope_head_dim (linear_kv_down_proj rows)": cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"],
+    }
+    if cfg.get("q_lora_rank"):
+        divisible_by_tp["q_lora_rank (linear_q_down_proj rows)"] = cfg["q_lora_rank"]
+    if cfg["first_k_dense_replace"]:
+        divisible_by_tp["intermediate_size (dense FFN)"] = cfg["intermediate_size"]
+    for what, n in divisible_by_tp.items():
+        if n % tp:
+            out.append(f"tp={tp} does not divide {what} = {n}")
+    if cfg["n_routed_experts"] % layout.ep:
+        out.append(f"ep={layout.ep} does not divide n_routed_experts = {cfg['n_routed_experts']}")
+    n_layers = cfg["num_hidden_layers"]
+    if layout.pp_layers:
+        if len(layout.pp_layers) != layout.pp:
+            out.append(f"--pp-layers has {len(layout.pp_layers)} stages, pp={layout.pp}")
+        if sum(layout.pp_layers) != n_layers:
+            out.append(f"--pp-layers sums to {sum(layout.pp_layers)}, the model has num_hidden_layers = {n_layers}")
+        if any(n < 1 for n in layout.pp_layers):
+            out.append("every pipeline stage needs at least one layer")
+    elif layout.pp > n_layers:
+        out.append(f"pp={layout.pp} exceeds num_hidden_layers = {n_layers}")
+    return out
 
 
 @dataclass(frozen=True)
@@ -188,6 +238,7 @@ def build_plan(cfg: dict[str, Any], layout: Layout, *, extra_state: bool = True)
     nh, ql, kvl = cfg["num_attention_heads"], cfg.get("q_lora_rank"), cfg["kv_lora_rank"]
     qn, qr, vd = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
     e_total, mf, shared = cfg["n_routed_experts"], cfg["moe_intermediate_size"], cfg["n_shared_experts"]
+    layout.check(cfg)
     if cfg.get("tie_word_embeddings"):
         msg = "tied embeddings are not DeepSeek-V3; this converter maps embed_tokens and lm_head separately"
         raise WeightsError(msg)

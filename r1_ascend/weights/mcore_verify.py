@@ -225,6 +225,8 @@ def verify_megatron(
     check_megatron_inventory(ckpt_dir, build_plan(source.config, Layout(), extra_state=extra_state))
     total = 0
     for layout in layouts or [Layout()]:
+        Layout(tp=layout.tp, ep=layout.ep).check(source.config)
+    for layout in layouts or [Layout()]:
         world = layout.tp * layout.ep
         args = (ckpt_dir, hf_dir, Layout(tp=layout.tp, ep=layout.ep), extra_state)
         if world == 1:
