@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from r1_ascend.weights.errors import AlreadyBF16Error, CheckpointFormatError
-from r1_ascend.weights.fp8 import SCALE_SUFFIX
+from r1_ascend.weights.fp8 import BLOCK, SCALE_SUFFIX, check_scale_shape, dequantize_rows
 from r1_ascend.weights.inventory import check_inventory, expected_tensors
 from r1_ascend.weights.outdir import fingerprint, prepare_output, remove_stale_temps
 from r1_ascend.weights.progress import Progress
@@ -128,9 +128,59 @@ def _maybe_fault() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+#: Bytes read per step: bounds a worker's buffers (FP8 codes + BF16 output + lookup indices) to ~100 MB.
+BAND_BYTES = 16 << 20
+
+
+class _Buffers:
+    """Reusable per-process buffers, grown on demand and never shrunk: memory stays flat across tensors."""
+
+    def __init__(self) -> None:
+        self._bufs: dict[str, torch.Tensor] = {}
+
+    def get(self, key: str, n: int, dtype: torch.dtype) -> torch.Tensor:
+        buf = self._bufs.get(key)
+        if buf is None or buf.numel() < n:
+            buf = self._bufs[key] = torch.empty(max(n, 1), dtype=dtype)
+        return buf[:n]
+
+
+def _bytes(t: torch.Tensor) -> memoryview:
+    return memoryview(t.view(torch.uint8).numpy())
+
+
+def stream_tensor(ckpt: HFCheckpoint, name: str, writer: StreamingWriter, bufs: _Buffers) -> None:
+    """Write one output tensor band by band: FP8 dequantised, everything else copied byte for byte."""
+    src = ckpt.entry(name)
+    if src.dtype != "F8_E4M3":
+        writer.begin(name, src.dtype, src.shape)
+        buf = bufs.get("copy", min(src.nbytes, BAND_BYTES), torch.uint8)
+        for off in range(0, src.nbytes, BAND_BYTES):
+            chunk = buf[: min(BAND_BYTES, src.nbytes - off)]
+            ckpt.read_into(name, off, _bytes(chunk))
+            writer.write_chunk(_bytes(chunk))
+        writer.end()
+        return
+    rows, cols = src.shape
+    scale = ckpt.raw(ckpt.scale_name(name))
+    check_scale_shape((rows, cols), scale, name, BLOCK)
+    band = max(BLOCK, (BAND_BYTES // max(cols, 1)) // BLOCK * BLOCK)
+    codes = bufs.get("codes", min(band, rows) * cols, torch.uint8)
+    out = bufs.get("bf16", min(band, rows) * cols, torch.bfloat16)
+    writer.begin(name, "BF16", src.shape)
+    for r0 in range(0, rows, band):
+        r1 = min(rows, r0 + band)
+        n = (r1 - r0) * cols
+        ckpt.read_into(name, r0 * cols, _bytes(codes[:n]))
+        dequantize_rows(codes[:n].view(r1 - r0, cols), scale, r0, out[:n].view(r1 - r0, cols))
+        writer.write_chunk(_bytes(out[:n]))
+    writer.end()
+
+
 def convert_shard(src: str, dst: str, plan: ShardPlan, report: Any = None) -> int:
     """Write one output shard atomically; returns the bytes written."""
     ckpt = _checkpoint(src)
+    bufs = _WORKER_STATE.setdefault("buffers", _Buffers())
     final = Path(dst) / plan.file
     tmp = final.with_name(f".{plan.file}.tmp-{os.getpid()}")
     queue = _WORKER_STATE.get("queue")
@@ -138,12 +188,10 @@ def convert_shard(src: str, dst: str, plan: ShardPlan, report: Any = None) -> in
         with tmp.open("wb") as f:
             writer = StreamingWriter(f, plan.layout, PT_METADATA)
             for entry in plan.layout:
-                tensor = ckpt.tensor(entry.name)
-                writer.write(entry.name, tensor)
+                stream_tensor(ckpt, entry.name, writer, bufs)
                 src_bytes = ckpt.entry(entry.name).nbytes
                 if ckpt.is_fp8(entry.name):
                     src_bytes += ckpt.entry(ckpt.scale_name(entry.name)).nbytes
-                del tensor
                 if report is not None:
                     report(src_bytes)
                 elif queue is not None:
