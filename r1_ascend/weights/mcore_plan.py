@@ -10,6 +10,7 @@ virtual rank file holds each chunk; verl can load the result at any other layout
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,9 @@ from typing import Any
 import torch
 
 from r1_ascend.weights.errors import WeightsError
+
+#: Largest chunk written for a replicated or row-split tensor (bounds the writer's memory; see _row_pieces).
+MAX_PIECE_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -199,16 +203,25 @@ class _Builder:
         self.tensors.append(t)
         return t
 
+    def _row_pieces(self, t: DistTensor, src: str, r0: int, r1: int, rank: int) -> None:
+        """Rows [r0, r1) as one chunk, or several when larger than MAX_PIECE_BYTES (the embedding, lm_head):
+        a dist checkpoint may store a global tensor in any chunks, and the writer holds one chunk at a time."""
+        row_bytes = max(1, math.prod(t.global_shape[1:]) * t.dtype.itemsize)
+        step = max(1, MAX_PIECE_BYTES // row_bytes)
+        for a in range(r0, r1, step):
+            b = min(r1, a + step)
+            offsets = (a,) + (0,) * (len(t.global_shape) - 1)
+            t.pieces.append(Piece(offsets, (b - a, *t.global_shape[1:]), src, (a, b), None, rank))
+
     def replicated(self, key: str, src: str, shape: tuple[int, ...], rank: int, layer: int | None, dtype=None):
         t = self._add(key, shape, dtype or torch.bfloat16, layer, "replicated", (src,))
-        t.pieces.append(Piece((0,) * len(shape), shape, src, (0, shape[0]), None, rank))
+        self._row_pieces(t, src, 0, shape[0], rank)
         self.consumed.add(src)
 
     def split_rows(self, key: str, src: str, shape: tuple[int, int], stage: int, ep_rank: int, layer: int | None):
         t = self._add(key, shape, torch.bfloat16, layer, "rows", (src,))
         for tp, r0, r1 in _split(shape[0], self.layout.tp, key):
-            rank = self.layout.rank(stage, ep_rank, tp)
-            t.pieces.append(Piece((r0, 0), (r1 - r0, shape[1]), src, (r0, r1), None, rank))
+            self._row_pieces(t, src, r0, r1, self.layout.rank(stage, ep_rank, tp))
         self.consumed.add(src)
 
     def split_cols(self, key: str, src: str, shape: tuple[int, int], stage: int, layer: int | None):

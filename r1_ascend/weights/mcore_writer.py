@@ -106,10 +106,11 @@ class _LazyResolver:
         if item.type == WriteItemType.BYTE_IO:
             return empty_extra_state()
         t, p = self.pieces[(item.index.fqn, tuple(item.index.offset))]
-        src = self._source(p.source)
-        chunk = src[p.rows[0] : p.rows[1]]
-        if p.cols is not None:
-            chunk = chunk[:, p.cols[0] : p.cols[1]]
+        if p.cols is None:
+            self._cached = None
+            chunk = self.ckpt.rows(p.source, *p.rows)  # only these rows are read (and dequantised)
+        else:  # a column split (TP of o_proj / fc2): the whole source once, cached for the other TP ranks
+            chunk = self._source(p.source)[p.rows[0] : p.rows[1], p.cols[0] : p.cols[1]]
         chunk = chunk.to(t.dtype).reshape(p.sizes).contiguous()
         if self.bar is not None:
             self.bar(chunk.numel() * chunk.element_size())
