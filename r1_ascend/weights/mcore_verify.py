@@ -44,8 +44,11 @@ def process_group(rank: int = 0, world_size: int = 1, store_path: str | None = N
             dist.destroy_process_group()
 
 
-def _local_sharded(t: DistTensor, layout: Layout, tp_rank: int, ep_rank: int) -> dict[str, Any]:
-    """The mcore sharded entries the model at (tp_rank, ep_rank) would request for ``t``."""
+def _local_sharded(
+    t: DistTensor, layout: Layout, tp_rank: int, ep_rank: int, experts: set[int] | None = None
+) -> dict[str, Any]:
+    """The mcore sharded entries the model at (tp_rank, ep_rank) would request for ``t`` (only the local experts
+    in ``experts`` when given)."""
     from megatron.core.dist_checkpointing import ShardedTensor
     from megatron.core.transformer.mlp import apply_swiglu_sharded_factory
 
@@ -71,6 +74,8 @@ def _local_sharded(t: DistTensor, layout: Layout, tp_rank: int, ep_rank: int) ->
     out: dict[str, Any] = {}
     for i in range(per_ep):
         e = ep_rank * per_ep + i
+        if experts is not None and e not in experts:
+            continue
         local = list(t.global_shape[1:])
         axis = 0 if t.kind == "experts_fc1" else 1
         local[axis] //= tp
@@ -126,12 +131,18 @@ def _groups(plan: MegatronPlan) -> dict[int | None, list[DistTensor]]:
     return groups
 
 
-def _load(ssd: dict[str, Any], ckpt_dir: Path) -> dict[str, Any]:
-    """The call verl's ``load_mcore_dist_weights`` makes (``strict=ASSUME_OK_UNEXPECTED``)."""
+def _load(ssd: dict[str, Any], ckpt_dir: Path, *, whole_tensors: bool = True) -> dict[str, Any]:
+    """The call verl's ``load_mcore_dist_weights`` makes (``strict=ASSUME_OK_UNEXPECTED``).
+
+    ``whole_tensors=False`` allows requesting only part of a tensor (some experts); megatron-core otherwise
+    checks that the ranks together request every element exactly once.
+    """
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.serialization import StrictHandling
 
-    return dist_checkpointing.load(ssd, str(ckpt_dir), strict=StrictHandling.ASSUME_OK_UNEXPECTED)
+    return dist_checkpointing.load(
+        ssd, str(ckpt_dir), strict=StrictHandling.ASSUME_OK_UNEXPECTED, validate_access_integrity=whole_tensors
+    )
 
 
 def _verify_rank(ckpt_dir: Path, hf_dir: Path, layout: Layout, extra_state: bool) -> int:
