@@ -130,13 +130,62 @@ def _load() -> str:
     return f"load average {one:.1f} (1 min) / {five:.1f} (5 min) on {os.cpu_count()} cores"
 
 
+#: DeepSeek-V3's dimensions with one dense and one MoE layer (4 experts): the embedding and lm_head (1.85 GB BF16
+#: each, copied) and the dense gate/up/down (132 M elements, the largest FP8 tensors) all land in one ~4.3 GB shard,
+#: the size of V3's real shards.
+V3_SHARD = {
+    "vocab_size": 129280,
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "num_hidden_layers": 2,
+    "first_k_dense_replace": 1,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 128,
+    "n_routed_experts": 4,
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "num_nextn_predict_layers": 0,
+}
+
+
+def _v3_shard(workdir: Path) -> int:
+    from r1_ascend.weights.tiny import make_tiny
+
+    root = Path(tempfile.mkdtemp(prefix="r1-weights-v3-", dir=workdir))
+    try:
+        make_tiny(root / "fp8", config_overrides=V3_SHARD, fast=True, max_shard_bytes=10**10)
+        shards = sorted((root / "fp8").glob("*.safetensors"))
+        print(f"start: {_load()}; {len(shards)} shard(s), largest {max(p.stat().st_size for p in shards) / 1e9:.2f} GB")
+        deq = _step("fp8-to-bf16", root / "fp8", root / "bf16", 1)
+        shutil.rmtree(root / "fp8")
+        mc = _step("to-megatron", root / "bf16", root / "mcore", 1)
+        print(f"end: {_load()}")
+        for name, r in (("fp8-to-bf16", deq), ("to-megatron", mc)):
+            print(f"{name}: {r['seconds']:.1f} s, peak RSS {r['main_rss_kb'] / 1024:.0f} MiB (one process, no workers)")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size-gb", type=float, default=0.5, help="smaller checkpoint size; the larger is 2x")
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()))
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="default: one per core")
+    parser.add_argument(
+        "--v3-shard",
+        action="store_true",
+        help="instead: peak RSS on one ~4.3 GB shard with V3's real dimensions (embedding, lm_head, dense FFN)",
+    )
     args = parser.parse_args()
     from r1_ascend.weights.tiny import config_for_size, make_tiny
+
+    if args.v3_shard:
+        return _v3_shard(args.workdir)
 
     cores, workers = os.cpu_count() or 1, args.workers
     print(f"start: {_load()}")
