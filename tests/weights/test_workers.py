@@ -30,7 +30,7 @@ def _alive(pids: list[int]) -> list[int]:
 
 def _kill_mid_run(args: list[str], out: Path, started: str) -> tuple[list[int], set[str]]:
     """Start the CLI, wait until its workers are writing, SIGKILL the main pid; returns worker pids and the
-    finished files seen at the moment of the kill."""
+    files present once the parent is dead."""
     env = {**os.environ, DELAY_ENV: "0.05"}
     proc = subprocess.Popen([sys.executable, "-c", CLI, *args], env=env, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
@@ -43,9 +43,9 @@ def _kill_mid_run(args: list[str], out: Path, started: str) -> tuple[list[int], 
             time.sleep(0.05)
         else:
             pytest.fail("the run never had two workers writing")
-        finished = {p.name for p in out.iterdir()}
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
+        finished = {p.name for p in out.iterdir()}  # the parent is gone: from here on nothing may finish
     finally:
         if proc.poll() is None:
             proc.kill()
