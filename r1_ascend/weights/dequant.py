@@ -275,6 +275,7 @@ def convert_fp8_to_bf16(
         )
         raise AlreadyBF16Error(msg)
     ckpt.check_architecture(mtp=True, what="FP8 input")
+    _WORKER_STATE["ckpt"] = ckpt  # this run's parsed headers; forked workers inherit them
     plans = plan_shards(ckpt, drop_mtp=drop_mtp)
     manifest = {
         "step": "fp8-to-bf16",
