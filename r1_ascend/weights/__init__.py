@@ -1,4 +1,4 @@
-"""DeepSeek-V3 weight preparation: FP8 -> BF16, config fix, HF -> Megatron-core dist checkpoint, test checkpoints.
+"""DeepSeek-V3 weight preparation: FP8 -> BF16, config fix, HF -> Megatron-core dist checkpoint and back, test data.
 
 Everything streams one tensor at a time, so memory does not grow with the model. Entry points:
 ``r1-ascend convert-weights <step>`` (``r1_ascend.weights.cli``) or the functions below.
@@ -13,6 +13,7 @@ from r1_ascend.weights.mcore_plan import Layout
 from r1_ascend.weights.mcore_writer import convert_hf_to_megatron
 from r1_ascend.weights.pipeline import PreparedWeights, convert_all
 from r1_ascend.weights.tiny import make_tiny
+from r1_ascend.weights.to_hf import convert_megatron_to_hf
 
 __all__ = [
     "CheckpointFormatError",
@@ -23,6 +24,7 @@ __all__ = [
     "convert_all",
     "convert_fp8_to_bf16",
     "convert_hf_to_megatron",
+    "convert_megatron_to_hf",
     "fix_checkpoint",
     "make_tiny",
     "verify_bf16",

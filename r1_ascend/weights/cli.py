@@ -64,6 +64,14 @@ def _parser() -> argparse.ArgumentParser:
     _layout_args(p)
     _common(p)
 
+    p = sub.add_parser("to-hf", help="verl Megatron training checkpoint -> HF BF16 safetensors (streaming, resumable)")
+    p.add_argument("src", type=Path, help="verl checkpoint: global_step_N, global_step_N/actor, or its dist_ckpt")
+    p.add_argument("dst", type=Path, help="output HF directory (new, empty, or an interrupted run to resume)")
+    p.add_argument("--hf-dir", type=Path, help="config + tokenizer directory (default: the checkpoint's huggingface/)")
+    p.add_argument("--workers", type=int, default=1, help="output shards written in parallel (processes)")
+    p.add_argument("--shard-size-gb", type=float, default=2.0, help="output shard size (default 2 GB)")
+    _common(p)
+
     p = sub.add_parser("make-tiny", help="write a tiny synthetic DeepSeek-V3-shaped FP8 checkpoint")
     p.add_argument("out", type=Path, help="output directory")
     p.add_argument("--seed", type=int, default=0)
@@ -87,6 +95,14 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args)
     except WeightsError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a write failing mid-run (disk full, storage gone read-only): no traceback
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(
+            f"error: {exc.strerror or exc}{where}. Fix the storage problem and rerun the same command; "
+            "finished files are kept and the run resumes.",
+            file=sys.stderr,
+        )
         return 1
 
 
@@ -137,6 +153,19 @@ def _run(args: argparse.Namespace) -> int:
         )
         print(f"actor_rollout_ref.model.path={p.hf_bf16}")
         print(f"actor_rollout_ref.actor.megatron.dist_checkpointing_path={p.mcore}")
+    elif args.step == "to-hf":
+        from r1_ascend.weights.to_hf import convert_megatron_to_hf
+
+        h = convert_megatron_to_hf(
+            args.src,
+            args.dst,
+            hf_dir=args.hf_dir,
+            workers=args.workers,
+            max_shard_bytes=int(args.shard_size_gb * 1e9),
+            overwrite=args.overwrite,
+            progress=not quiet,
+        )
+        print(f"{h.out_dir}: {h.shards_written} shards written, {h.shards_skipped} already complete")
     elif args.step == "make-tiny":
         from r1_ascend.weights.tiny import config_for_size, make_tiny
 

@@ -19,6 +19,7 @@ from typing import Any
 from safetensors import safe_open
 
 from r1_ascend.weights.errors import CheckpointFormatError
+from r1_ascend.weights.inventory import check_inventory, expected_tensors
 from r1_ascend.weights.safetensors_io import (
     PT_METADATA,
     StreamingWriter,
@@ -74,6 +75,24 @@ def _rewrite_without(path: Path, drop: set[str]) -> bool:
     return True
 
 
+def _check_main_inventory(
+    root: Path, config: dict[str, Any], weight_map: dict[str, str], headers: dict, mtp: set[str]
+) -> None:
+    """Before touching anything: the tensors that stay (all but MTP) are exactly the BF16 architecture."""
+    have: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for name, file in weight_map.items():
+        if name in mtp:
+            continue
+        if file not in headers or name not in headers[file].entries:
+            msg = (
+                f"{INDEX_NAME} places {name!r} in {file}, but {root / file} does not hold it; re-convert the checkpoint"
+            )
+            raise CheckpointFormatError(msg)
+        entry = headers[file].entries[name]
+        have[name] = (entry.dtype, entry.shape)
+    check_inventory(have, expected_tensors(config, fp8=False, mtp=False), f"BF16 checkpoint {root}")
+
+
 def fix_checkpoint(path: str | Path, *, copy_side_files_from: str | Path | None = None) -> FixResult:
     """Apply the config edits and drop MTP tensors in place (idempotent)."""
     root = Path(path)
@@ -93,6 +112,7 @@ def fix_checkpoint(path: str | Path, *, copy_side_files_from: str | Path | None 
         )
         raise CheckpointFormatError(msg)
     mtp = {n for n in weight_map if is_mtp_tensor(n, n_layers)}
+    _check_main_inventory(root, config, weight_map, headers, mtp)
     rewritten = removed = 0
     for file, header in headers.items():
         drop = mtp & set(header.entries)

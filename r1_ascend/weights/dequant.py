@@ -9,20 +9,20 @@ from __future__ import annotations
 
 import json
 import logging
-import multiprocessing as mp
 import os
 import shutil
 import signal
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from r1_ascend.weights.errors import CheckpointFormatError
-from r1_ascend.weights.fp8 import SCALE_SUFFIX
+from r1_ascend.weights.errors import AlreadyBF16Error, CheckpointFormatError
+from r1_ascend.weights.fp8 import BLOCK, SCALE_SUFFIX, check_scale_shape, dequantize_rows
+from r1_ascend.weights.inventory import check_inventory, expected_tensors
 from r1_ascend.weights.outdir import fingerprint, prepare_output, remove_stale_temps
 from r1_ascend.weights.progress import Progress
 from r1_ascend.weights.safetensors_io import (
@@ -31,9 +31,11 @@ from r1_ascend.weights.safetensors_io import (
     TensorEntry,
     encode_header,
     ordered_layout,
+    read_header,
     write_atomically,
 )
 from r1_ascend.weights.source import INDEX_NAME, HFCheckpoint, is_mtp_tensor, load_json
+from r1_ascend.weights.workers import delay_hook, mp_context, worker_pool
 
 log = logging.getLogger(__name__)
 
@@ -105,9 +107,8 @@ def shard_is_complete(path: Path, plan: ShardPlan) -> bool:
 _WORKER_STATE: dict[str, Any] = {}
 
 
-def _worker_init(queue: Any, threads: int) -> None:
+def _worker_init(queue: Any) -> None:
     _WORKER_STATE["queue"] = queue
-    torch.set_num_threads(threads)
 
 
 def _checkpoint(src: str) -> HFCheckpoint:
@@ -127,27 +128,89 @@ def _maybe_fault() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+#: Bytes read per step: bounds a worker's buffers (FP8 codes + BF16 output + lookup indices) to ~100 MB.
+BAND_BYTES = 16 << 20
+
+
+class _Buffers:
+    """Reusable per-process buffers, grown on demand and never shrunk: memory stays flat across tensors."""
+
+    def __init__(self) -> None:
+        self._bufs: dict[str, torch.Tensor] = {}
+
+    def get(self, key: str, n: int, dtype: torch.dtype) -> torch.Tensor:
+        buf = self._bufs.get(key)
+        if buf is None or buf.numel() < n:
+            buf = self._bufs[key] = torch.empty(max(n, 1), dtype=dtype)
+        return buf[:n]
+
+
+def _bytes(t: torch.Tensor) -> memoryview:
+    return memoryview(t.view(torch.uint8).numpy())
+
+
+def stream_tensor(ckpt: HFCheckpoint, name: str, writer: StreamingWriter, bufs: _Buffers) -> None:
+    """Write one output tensor band by band: FP8 dequantised, everything else copied byte for byte."""
+    src = ckpt.entry(name)
+    if src.dtype != "F8_E4M3":
+        writer.begin(name, src.dtype, src.shape)
+        buf = bufs.get("copy", min(src.nbytes, BAND_BYTES), torch.uint8)
+        for off in range(0, src.nbytes, BAND_BYTES):
+            chunk = buf[: min(BAND_BYTES, src.nbytes - off)]
+            ckpt.read_into(name, off, _bytes(chunk))
+            writer.write_chunk(_bytes(chunk))
+        writer.end()
+        return
+    rows, cols = src.shape
+    scale = ckpt.raw(ckpt.scale_name(name))
+    check_scale_shape((rows, cols), scale, name, BLOCK)
+    band = max(BLOCK, (BAND_BYTES // max(cols, 1)) // BLOCK * BLOCK)
+    codes = bufs.get("codes", min(band, rows) * cols, torch.uint8)
+    out = bufs.get("bf16", min(band, rows) * cols, torch.bfloat16)
+    writer.begin(name, "BF16", src.shape)
+    for r0 in range(0, rows, band):
+        r1 = min(rows, r0 + band)
+        n = (r1 - r0) * cols
+        ckpt.read_into(name, r0 * cols, _bytes(codes[:n]))
+        dequantize_rows(codes[:n].view(r1 - r0, cols), scale, r0, out[:n].view(r1 - r0, cols))
+        writer.write_chunk(_bytes(out[:n]))
+    writer.end()
+
+
+def _start_writeback(f: Any, since: int) -> int:
+    """Hand the bytes written since ``since`` to the kernel for write-back now (DONTNEED starts it without
+    waiting), so the disk works while the next tensor is computed, the closing fsync finds little left to do and
+    the output does not crowd the page cache. Returns the new file position."""
+    f.flush()
+    pos = f.tell()
+    if hasattr(os, "posix_fadvise") and pos > since:
+        os.posix_fadvise(f.fileno(), since, pos - since, os.POSIX_FADV_DONTNEED)
+    return pos
+
+
 def convert_shard(src: str, dst: str, plan: ShardPlan, report: Any = None) -> int:
     """Write one output shard atomically; returns the bytes written."""
     ckpt = _checkpoint(src)
+    bufs = _WORKER_STATE.setdefault("buffers", _Buffers())
     final = Path(dst) / plan.file
     tmp = final.with_name(f".{plan.file}.tmp-{os.getpid()}")
     queue = _WORKER_STATE.get("queue")
     try:
         with tmp.open("wb") as f:
             writer = StreamingWriter(f, plan.layout, PT_METADATA)
+            written = 0
             for entry in plan.layout:
-                tensor = ckpt.tensor(entry.name)
-                writer.write(entry.name, tensor)
+                stream_tensor(ckpt, entry.name, writer, bufs)
+                written = _start_writeback(f, written)
                 src_bytes = ckpt.entry(entry.name).nbytes
                 if ckpt.is_fp8(entry.name):
                     src_bytes += ckpt.entry(ckpt.scale_name(entry.name)).nbytes
-                del tensor
                 if report is not None:
                     report(src_bytes)
                 elif queue is not None:
                     queue.put(src_bytes)
                 _maybe_fault()
+                delay_hook()
             writer.close_check()
             f.flush()
             os.fsync(f.fileno())
@@ -201,6 +264,18 @@ def convert_fp8_to_bf16(
         msg = "source and output directories are the same; the converter never modifies its input"
         raise CheckpointFormatError(msg)
     ckpt = HFCheckpoint(src)
+    e5m2 = [n for n in ckpt.weight_map if ckpt.entry(n).dtype == "F8_E5M2"]
+    if e5m2:
+        plan_shards(ckpt, drop_mtp=drop_mtp)  # raises its e5m2 message
+    if not ckpt.quantized:
+        msg = (
+            f"{src} holds no FP8 weights: it is already a BF16 checkpoint, so there is nothing to dequantise and "
+            "nothing was written. Use it as it is: `r1-ascend convert-weights fix-config` on it (or a copy), then "
+            "`to-megatron`."
+        )
+        raise AlreadyBF16Error(msg)
+    ckpt.check_architecture(mtp=True, what="FP8 input")
+    _WORKER_STATE["ckpt"] = ckpt  # this run's parsed headers; forked workers inherit them
     plans = plan_shards(ckpt, drop_mtp=drop_mtp)
     manifest = {
         "step": "fp8-to-bf16",
@@ -225,7 +300,7 @@ def convert_fp8_to_bf16(
             written += convert_shard(str(src), str(dst), plan, report=bar.add)
     else:
         written = _run_parallel(str(src), str(dst), todo, workers, bar)
-    _write_index_and_side_files(src, dst, plans, ckpt.config)
+    _write_index_and_side_files(src, dst, plans, ckpt.config, mtp=not drop_mtp)
     bar.finish()
     result = ConversionResult(dst, len(todo), skipped, written, time.monotonic() - start, total_input)
     if verify:
@@ -234,11 +309,9 @@ def convert_fp8_to_bf16(
 
 
 def _run_parallel(src: str, dst: str, todo: list[ShardPlan], workers: int, bar: Progress) -> int:
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    threads = max(1, (os.cpu_count() or 1) // workers)
+    queue = mp_context().Queue()
     written = 0
-    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init, initargs=(queue, threads)) as pool:
+    with worker_pool(workers, _worker_init, (queue,)) as pool:
         # biggest shards first so the tail is short
         futures = {pool.submit(convert_shard, src, dst, p) for p in sorted(todo, key=lambda p: -p.input_bytes)}
         while futures:
@@ -252,7 +325,20 @@ def _run_parallel(src: str, dst: str, todo: list[ShardPlan], workers: int, bar: 
     return written
 
 
-def _write_index_and_side_files(src: Path, dst: Path, plans: list[ShardPlan], config: dict[str, Any]) -> None:
+def check_output_inventory(dst: Path, files: list[str], config: dict[str, Any], *, mtp: bool) -> None:
+    """The written shards (their headers, as a reader sees them) hold exactly the BF16 inventory of the config."""
+    have: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for file in files:
+        have.update({n: (e.dtype, e.shape) for n, e in read_header(dst / file).entries.items()})
+    expected = expected_tensors(config, fp8=False, mtp=mtp)
+    check_inventory(have, expected, f"BF16 output {dst}", fix="rerun with --overwrite")
+
+
+def _write_index_and_side_files(
+    src: Path, dst: Path, plans: list[ShardPlan], config: dict[str, Any], *, mtp: bool
+) -> None:
+    """The index is the completion marker: written only after the shards pass the architecture check."""
+    check_output_inventory(dst, [p.file for p in plans if p.layout], config, mtp=mtp)
     weight_map = {e.name: p.file for p in plans for e in p.layout}
     total = sum(e.nbytes for p in plans for e in p.layout)
     _copy_side_files(src, dst)
@@ -264,6 +350,7 @@ def _write_index_and_side_files(src: Path, dst: Path, plans: list[ShardPlan], co
 def verify_bf16(src: str | Path, dst: str | Path, *, drop_mtp: bool = False, progress: bool = True) -> int:
     """Re-read every output tensor and compare it bit for bit with a fresh dequantisation of the source."""
     source, output = HFCheckpoint(src), HFCheckpoint(dst)
+    output.check_architecture(mtp=not drop_mtp, what="BF16 output")
     expected = set(source.names(include_mtp=not drop_mtp))
     got = set(output.names(include_scales=True))
     if expected != got:

@@ -13,3 +13,11 @@ class CheckpointFormatError(WeightsError):
 
 class OutputExistsError(WeightsError):
     """The output directory holds something this run did not produce; nothing was touched."""
+
+
+class AlreadyBF16Error(CheckpointFormatError):
+    """fp8-to-bf16 was given a checkpoint without FP8 weights: refused rather than copied as a silent no-op."""
+
+
+class OutputNotWritableError(WeightsError):
+    """The output directory (or a file in it) cannot be created or written."""

@@ -15,8 +15,6 @@ BLOCK = 128
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
 SCALE_SUFFIX = "_scale_inv"
-# Rows of blocks processed per step: bounds the float32 temporaries to ~8 MiB per 1k columns.
-_ROW_BLOCKS_PER_STEP = 8
 
 
 def scale_shape(shape: tuple[int, ...], block: int = BLOCK) -> tuple[int, int]:
@@ -24,14 +22,16 @@ def scale_shape(shape: tuple[int, ...], block: int = BLOCK) -> tuple[int, int]:
     return (-(-rows // block), -(-cols // block))
 
 
-def dequantize_fp8_blockwise(
-    weight: torch.Tensor, scale_inv: torch.Tensor, *, name: str = "tensor", block: int = BLOCK
-) -> torch.Tensor:
-    """BF16 copy of a 2-D FP8 weight; works in bands of rows so temporaries stay small for any tensor size."""
-    if weight.dtype != FP8_DTYPE or weight.dim() != 2:
-        msg = f"{name}: expected a 2-D float8_e4m3fn weight, got {weight.dtype} {tuple(weight.shape)}"
-        raise CheckpointFormatError(msg)
-    rows, cols = weight.shape
+def _fp8_values() -> torch.Tensor:
+    """The float32 value of each of the 256 e4m3 codes (exact: every e4m3 value is a float32)."""
+    return torch.arange(256, dtype=torch.uint8).view(FP8_DTYPE).to(torch.float32)
+
+
+_VALUES = _fp8_values()
+
+
+def check_scale_shape(weight_shape: tuple[int, ...], scale_inv: torch.Tensor, name: str, block: int) -> None:
+    rows, cols = weight_shape
     want = scale_shape((rows, cols), block)
     if tuple(scale_inv.shape) != want:
         msg = (
@@ -39,20 +39,45 @@ def dequantize_fp8_blockwise(
             f"(ceil of {rows}x{cols} / {block}); the checkpoint is not DeepSeek block-FP8"
         )
         raise CheckpointFormatError(msg)
+
+
+def dequantize_rows(
+    codes: torch.Tensor, scale_inv: torch.Tensor, row_start: int, out: torch.Tensor, *, block: int = BLOCK
+) -> torch.Tensor:
+    """Dequantise rows ``row_start .. row_start + len(codes)`` of an FP8 weight into ``out`` (BF16, same shape).
+
+    Per 128-row block a 256-entry table per column block holds ``bf16(value(code) * scale)`` -- the very product
+    and rounding of the elementwise rule, so the result is bit-identical -- and each element is one table lookup.
+    That is several times faster on CPU than torch's own FP8 cast, and needs no float32 copy of the weight.
+    ``codes`` may be float8_e4m3fn or its raw uint8 bytes.
+    """
+    rows, cols = codes.shape
+    u8 = codes.view(torch.uint8)
     scale = scale_inv.to(torch.float32)
-    out = torch.empty((rows, cols), dtype=torch.bfloat16)
-    n_col_blocks = want[1]
-    padded_cols = n_col_blocks * block
-    step = _ROW_BLOCKS_PER_STEP * block
-    for r0 in range(0, rows, step):
-        r1 = min(r0 + step, rows)
-        band_blocks = -(-(r1 - r0) // block)
-        band = torch.zeros((band_blocks * block, padded_cols), dtype=torch.float32)
-        band[: r1 - r0, :cols] = weight[r0:r1]
-        band4 = band.view(band_blocks, block, n_col_blocks, block)
-        band4.mul_(scale[r0 // block : r0 // block + band_blocks].view(band_blocks, 1, n_col_blocks, 1))
-        out[r0:r1] = band[: r1 - r0, :cols]
+    n_col_blocks = scale.shape[1]
+    offsets = (torch.arange(cols, dtype=torch.int32) // block) * 256
+    r = 0
+    while r < rows:
+        row_block = (row_start + r) // block
+        r1 = min(rows, (row_block + 1) * block - row_start)
+        table = (_VALUES.view(1, 256) * scale[row_block].view(n_col_blocks, 1)).to(torch.bfloat16).reshape(-1)
+        index = u8[r:r1].to(torch.int32)
+        index += offsets
+        torch.index_select(table, 0, index.view(-1), out=out[r:r1].view(-1))
+        r = r1
     return out
+
+
+def dequantize_fp8_blockwise(
+    weight: torch.Tensor, scale_inv: torch.Tensor, *, name: str = "tensor", block: int = BLOCK
+) -> torch.Tensor:
+    """BF16 copy of a 2-D FP8 weight, exactly ``bf16(float32(x) * scale_inv[m // 128, n // 128])``."""
+    if weight.dtype != FP8_DTYPE or weight.dim() != 2:
+        msg = f"{name}: expected a 2-D float8_e4m3fn weight, got {weight.dtype} {tuple(weight.shape)}"
+        raise CheckpointFormatError(msg)
+    check_scale_shape(tuple(weight.shape), scale_inv, name, block)
+    out = torch.empty(tuple(weight.shape), dtype=torch.bfloat16)
+    return dequantize_rows(weight.contiguous(), scale_inv, 0, out, block=block)
 
 
 def quantize_fp8_blockwise(weight: torch.Tensor, *, block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:

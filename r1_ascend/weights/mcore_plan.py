@@ -10,6 +10,7 @@ virtual rank file holds each chunk; verl can load the result at any other layout
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,9 @@ from typing import Any
 import torch
 
 from r1_ascend.weights.errors import WeightsError
+
+#: Largest chunk written for a replicated or row-split tensor (bounds the writer's memory; see _row_pieces).
+MAX_PIECE_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -40,12 +44,62 @@ class Layout:
         base, extra = divmod(num_layers, self.pp)
         return tuple(base + (1 if s < extra else 0) for s in range(self.pp))
 
+    def check(self, cfg: dict[str, Any]) -> None:
+        """Refuse a layout the model cannot take, naming every reason at once (nothing is written before this)."""
+        problems = [
+            f"{k}={v} must be at least 1" for k, v in (("tp", self.tp), ("pp", self.pp), ("ep", self.ep)) if v < 1
+        ]
+        if not problems:
+            problems += _layout_problems(self, cfg)
+        if problems:
+            msg = (
+                f"layout tp={self.tp} pp={self.pp} ep={self.ep}"
+                + (f" pp_layers={list(self.pp_layers)}" if self.pp_layers else "")
+                + " does not fit the model: "
+                + "; ".join(problems)
+                + ". Pick sizes that divide these dimensions."
+            )
+            raise WeightsError(msg)
+
     @property
     def world_size(self) -> int:
         return self.tp * self.pp * self.ep
 
     def rank(self, stage: int, ep_rank: int, tp_rank: int) -> int:
         return (stage * self.ep + ep_rank) * self.tp + tp_rank
+
+
+def _layout_problems(layout: Layout, cfg: dict[str, Any]) -> list[str]:
+    out = []
+    tp = layout.tp
+    divisible_by_tp = {
+        "num_attention_heads (attention heads are split across TP ranks)": cfg["num_attention_heads"],
+        "vocab_size (embedding and output layer rows)": cfg["vocab_size"],
+        "moe_intermediate_size (expert FFN)": cfg["moe_intermediate_size"],
+        "moe_intermediate_size * n_shared_experts (shared experts)": cfg["moe_intermediate_size"]
+        * cfg["n_shared_experts"],
+        "kv_lora_rank + qk_rope_head_dim (linear_kv_down_proj rows)": cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"],
+    }
+    if cfg.get("q_lora_rank"):
+        divisible_by_tp["q_lora_rank (linear_q_down_proj rows)"] = cfg["q_lora_rank"]
+    if cfg["first_k_dense_replace"]:
+        divisible_by_tp["intermediate_size (dense FFN)"] = cfg["intermediate_size"]
+    for what, n in divisible_by_tp.items():
+        if n % tp:
+            out.append(f"tp={tp} does not divide {what} = {n}")
+    if cfg["n_routed_experts"] % layout.ep:
+        out.append(f"ep={layout.ep} does not divide n_routed_experts = {cfg['n_routed_experts']}")
+    n_layers = cfg["num_hidden_layers"]
+    if layout.pp_layers:
+        if len(layout.pp_layers) != layout.pp:
+            out.append(f"--pp-layers has {len(layout.pp_layers)} stages, pp={layout.pp}")
+        if sum(layout.pp_layers) != n_layers:
+            out.append(f"--pp-layers sums to {sum(layout.pp_layers)}, the model has num_hidden_layers = {n_layers}")
+        if any(n < 1 for n in layout.pp_layers):
+            out.append("every pipeline stage needs at least one layer")
+    elif layout.pp > n_layers:
+        out.append(f"pp={layout.pp} exceeds num_hidden_layers = {n_layers}")
+    return out
 
 
 @dataclass(frozen=True)
@@ -149,16 +203,25 @@ class _Builder:
         self.tensors.append(t)
         return t
 
+    def _row_pieces(self, t: DistTensor, src: str, r0: int, r1: int, rank: int) -> None:
+        """Rows [r0, r1) as one chunk, or several when larger than MAX_PIECE_BYTES (the embedding, lm_head):
+        a dist checkpoint may store a global tensor in any chunks, and the writer holds one chunk at a time."""
+        row_bytes = max(1, math.prod(t.global_shape[1:]) * t.dtype.itemsize)
+        step = max(1, MAX_PIECE_BYTES // row_bytes)
+        for a in range(r0, r1, step):
+            b = min(r1, a + step)
+            offsets = (a,) + (0,) * (len(t.global_shape) - 1)
+            t.pieces.append(Piece(offsets, (b - a, *t.global_shape[1:]), src, (a, b), None, rank))
+
     def replicated(self, key: str, src: str, shape: tuple[int, ...], rank: int, layer: int | None, dtype=None):
         t = self._add(key, shape, dtype or torch.bfloat16, layer, "replicated", (src,))
-        t.pieces.append(Piece((0,) * len(shape), shape, src, (0, shape[0]), None, rank))
+        self._row_pieces(t, src, 0, shape[0], rank)
         self.consumed.add(src)
 
     def split_rows(self, key: str, src: str, shape: tuple[int, int], stage: int, ep_rank: int, layer: int | None):
         t = self._add(key, shape, torch.bfloat16, layer, "rows", (src,))
         for tp, r0, r1 in _split(shape[0], self.layout.tp, key):
-            rank = self.layout.rank(stage, ep_rank, tp)
-            t.pieces.append(Piece((r0, 0), (r1 - r0, shape[1]), src, (r0, r1), None, rank))
+            self._row_pieces(t, src, r0, r1, self.layout.rank(stage, ep_rank, tp))
         self.consumed.add(src)
 
     def split_cols(self, key: str, src: str, shape: tuple[int, int], stage: int, layer: int | None):
@@ -188,6 +251,7 @@ def build_plan(cfg: dict[str, Any], layout: Layout, *, extra_state: bool = True)
     nh, ql, kvl = cfg["num_attention_heads"], cfg.get("q_lora_rank"), cfg["kv_lora_rank"]
     qn, qr, vd = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
     e_total, mf, shared = cfg["n_routed_experts"], cfg["moe_intermediate_size"], cfg["n_shared_experts"]
+    layout.check(cfg)
     if cfg.get("tie_word_embeddings"):
         msg = "tied embeddings are not DeepSeek-V3; this converter maps embed_tokens and lm_head separately"
         raise WeightsError(msg)

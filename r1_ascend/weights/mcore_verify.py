@@ -44,8 +44,11 @@ def process_group(rank: int = 0, world_size: int = 1, store_path: str | None = N
             dist.destroy_process_group()
 
 
-def _local_sharded(t: DistTensor, layout: Layout, tp_rank: int, ep_rank: int) -> dict[str, Any]:
-    """The mcore sharded entries the model at (tp_rank, ep_rank) would request for ``t``."""
+def _local_sharded(
+    t: DistTensor, layout: Layout, tp_rank: int, ep_rank: int, experts: set[int] | None = None
+) -> dict[str, Any]:
+    """The mcore sharded entries the model at (tp_rank, ep_rank) would request for ``t`` (only the local experts
+    in ``experts`` when given)."""
     from megatron.core.dist_checkpointing import ShardedTensor
     from megatron.core.transformer.mlp import apply_swiglu_sharded_factory
 
@@ -71,6 +74,8 @@ def _local_sharded(t: DistTensor, layout: Layout, tp_rank: int, ep_rank: int) ->
     out: dict[str, Any] = {}
     for i in range(per_ep):
         e = ep_rank * per_ep + i
+        if experts is not None and e not in experts:
+            continue
         local = list(t.global_shape[1:])
         axis = 0 if t.kind == "experts_fc1" else 1
         local[axis] //= tp
@@ -126,12 +131,18 @@ def _groups(plan: MegatronPlan) -> dict[int | None, list[DistTensor]]:
     return groups
 
 
-def _load(ssd: dict[str, Any], ckpt_dir: Path) -> dict[str, Any]:
-    """The call verl's ``load_mcore_dist_weights`` makes (``strict=ASSUME_OK_UNEXPECTED``)."""
+def _load(ssd: dict[str, Any], ckpt_dir: Path, *, whole_tensors: bool = True) -> dict[str, Any]:
+    """The call verl's ``load_mcore_dist_weights`` makes (``strict=ASSUME_OK_UNEXPECTED``).
+
+    ``whole_tensors=False`` allows requesting only part of a tensor (some experts); megatron-core otherwise
+    checks that the ranks together request every element exactly once.
+    """
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.serialization import StrictHandling
 
-    return dist_checkpointing.load(ssd, str(ckpt_dir), strict=StrictHandling.ASSUME_OK_UNEXPECTED)
+    return dist_checkpointing.load(
+        ssd, str(ckpt_dir), strict=StrictHandling.ASSUME_OK_UNEXPECTED, validate_access_integrity=whole_tensors
+    )
 
 
 def _verify_rank(ckpt_dir: Path, hf_dir: Path, layout: Layout, extra_state: bool) -> int:
@@ -175,6 +186,32 @@ def _verify_rank(ckpt_dir: Path, hf_dir: Path, layout: Layout, extra_state: bool
     return compared
 
 
+def check_megatron_inventory(ckpt_dir: Path, plan: MegatronPlan, *, allow_extra: bool = False) -> None:
+    """The dist checkpoint's metadata lists exactly the plan's tensors (keys, global shapes, dtypes).
+
+    ``allow_extra`` accepts other keys (a training checkpoint also holds optimizer state).
+    """
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from r1_ascend.weights.inventory import check_inventory
+
+    try:
+        meta = FileSystemReader(str(ckpt_dir)).read_metadata()
+    except (OSError, EOFError, ValueError) as exc:
+        msg = f"{ckpt_dir} has no readable dist-checkpoint metadata (.metadata: {exc}); the save did not finish"
+        raise CheckpointFormatError(msg) from exc
+    have = {
+        k: (str(v.properties.dtype), tuple(v.size))
+        for k, v in meta.state_dict_metadata.items()
+        if isinstance(v, TensorStorageMetadata)
+    }
+    expected = {t.key: (str(t.dtype), tuple(t.global_shape)) for t in plan.tensors}
+    if allow_extra:
+        have = {k: v for k, v in have.items() if k in expected}
+    check_inventory(have, expected, f"Megatron checkpoint {ckpt_dir}", fix="re-run the conversion with --overwrite")
+
+
 def _rank_main(rank: int, world: int, store: str, args: tuple, results: Any) -> None:
     try:
         with process_group(rank, world, store):
@@ -194,7 +231,12 @@ def verify_megatron(
     import multiprocessing as mp
 
     ckpt_dir, hf_dir = Path(ckpt_dir), Path(hf_dir)
+    source = HFCheckpoint(hf_dir)
+    source.check_architecture(what="HF source")
+    check_megatron_inventory(ckpt_dir, build_plan(source.config, Layout(), extra_state=extra_state))
     total = 0
+    for layout in layouts or [Layout()]:
+        Layout(tp=layout.tp, ep=layout.ep).check(source.config)
     for layout in layouts or [Layout()]:
         world = layout.tp * layout.ep
         args = (ckpt_dir, hf_dir, Layout(tp=layout.tp, ep=layout.ep), extra_state)

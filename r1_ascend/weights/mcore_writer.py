@@ -15,11 +15,9 @@ import io
 import json
 import logging
 import math
-import multiprocessing as mp
 import os
 import signal
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +41,7 @@ from r1_ascend.weights.outdir import fingerprint, prepare_output
 from r1_ascend.weights.progress import Progress
 from r1_ascend.weights.safetensors_io import write_atomically
 from r1_ascend.weights.source import HFCheckpoint
+from r1_ascend.weights.workers import delay_hook, mp_context, worker_pool
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +56,7 @@ MCORE_METADATA = {
 
 def check_plan_against_source(plan: MegatronPlan, ckpt: HFCheckpoint) -> None:
     """Every non-MTP HF tensor is used exactly once, with the shape the config implies."""
+    ckpt.check_architecture(what="Megatron conversion source")
     available = set(ckpt.names(include_mtp=False))
     missing = sorted(plan.consumed - available)
     unused = sorted(available - plan.consumed)
@@ -106,10 +106,11 @@ class _LazyResolver:
         if item.type == WriteItemType.BYTE_IO:
             return empty_extra_state()
         t, p = self.pieces[(item.index.fqn, tuple(item.index.offset))]
-        src = self._source(p.source)
-        chunk = src[p.rows[0] : p.rows[1]]
-        if p.cols is not None:
-            chunk = chunk[:, p.cols[0] : p.cols[1]]
+        if p.cols is None:
+            self._cached = None
+            chunk = self.ckpt.rows(p.source, *p.rows)  # only these rows are read (and dequantised)
+        else:  # a column split (TP of o_proj / fc2): the whole source once, cached for the other TP ranks
+            chunk = self._source(p.source)[p.rows[0] : p.rows[1], p.cols[0] : p.cols[1]]
         chunk = chunk.to(t.dtype).reshape(p.sizes).contiguous()
         if self.bar is not None:
             self.bar(chunk.numel() * chunk.element_size())
@@ -207,6 +208,7 @@ def write_rank_file(dst: Path, rank: int, items: list[WriteItem], resolver: _Laz
             data = resolver.resolve_data(item)
             results.append(write_one(stream, data, item, name))
             del data
+            delay_hook()
         stream.flush()
         os.fsync(stream.fileno())
     tmp.replace(dst / name)
@@ -231,8 +233,16 @@ def _maybe_kill_after_rank() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _write_ranks(src: str, dst: str, layout: Layout, extra_state: bool, ranks: list[int], queue: Any) -> list[Any]:
+_WORKER_QUEUE: list[Any] = []
+
+
+def _set_worker_queue(queue: Any) -> None:
+    _WORKER_QUEUE[:] = [queue]
+
+
+def _write_ranks(src: str, dst: str, layout: Layout, extra_state: bool, ranks: list[int]) -> list[Any]:
     """Worker: write the files of ``ranks``; returns DCP WriteResults for the metadata."""
+    queue = _WORKER_QUEUE[0] if _WORKER_QUEUE else None
     ckpt = HFCheckpoint(src)
     plan = build_plan(ckpt.config, layout, extra_state=extra_state)
     pieces = {(t.key, p.offsets): (t, p) for t in plan.tensors for p in t.pieces}
@@ -313,6 +323,9 @@ def convert_hf_to_megatron(
     finisher = FileSystemWriter(str(dst), single_file_per_rank=True, sync_files=True)
     finisher.set_up_storage_writer(True)
     finisher.finish(build_metadata(plan), [results])
+    from r1_ascend.weights.mcore_verify import check_megatron_inventory
+
+    check_megatron_inventory(dst, plan)  # before metadata.json, which marks the checkpoint complete
     common = dst / "common.pt"
     torch.save({}, common)
     write_atomically(dst / "metadata.json", json.dumps(MCORE_METADATA).encode())
@@ -336,12 +349,10 @@ def _write_parallel(src, dst, layout, extra_state, plan, ranks, workers, bar) ->
         i = loads.index(min(loads))
         buckets[i].append(r)
         loads[i] += sizes[r]
-    ctx = mp.get_context("spawn")
-    manager = ctx.Manager()
-    queue = manager.Queue()
+    queue = mp_context().Queue()
     results: list[Any] = []
-    with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-        futures = [pool.submit(_write_ranks, src, dst, layout, extra_state, b, queue) for b in buckets if b]
+    with worker_pool(workers, _set_worker_queue, (queue,)) as pool:
+        futures = [pool.submit(_write_ranks, src, dst, layout, extra_state, b) for b in buckets if b]
         pending = set(futures)
         while pending:
             pending = {f for f in pending if not f.done()}
@@ -352,6 +363,5 @@ def _write_parallel(src, dst, layout, extra_state, plan, ranks, workers, bar) ->
             results.extend(f.result())
     while not queue.empty():
         bar.add(queue.get())
-    manager.shutdown()
     os.sync()
     return results

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from r1_ascend.weights.errors import OutputExistsError
+from r1_ascend.weights.errors import OutputExistsError, OutputNotWritableError
 from r1_ascend.weights.safetensors_io import write_atomically
 
 
@@ -37,6 +37,31 @@ def prepare_output(
                 "its input. Choose an output directory outside the source."
             )
             raise OutputExistsError(msg)
+        if src in dst.parents:
+            msg = (
+                f"output {out} lies inside the source checkpoint {source}; its shards would be mixed with the "
+                "source's files (and a later run would read them as part of the input). Choose an output directory "
+                "outside the source."
+            )
+            raise OutputExistsError(msg)
+    try:
+        return _prepare(out, manifest_path, manifest, overwrite=overwrite)
+    except OSError as exc:
+        raise not_writable(out, exc) from exc
+
+
+def not_writable(out: Path, exc: OSError) -> OutputNotWritableError:
+    """A clean error for a failed write under ``out``: the path, the reason and the fix."""
+    where = exc.filename or out
+    reason = exc.strerror or type(exc).__name__
+    msg = (
+        f"cannot write the output {out}: {reason} ({where}). Choose an output directory on writable storage "
+        "with enough free space, or make it writable; then rerun the same command (finished files are kept)."
+    )
+    return OutputNotWritableError(msg)
+
+
+def _prepare(out: Path, manifest_path: Path, manifest: dict[str, Any], *, overwrite: bool) -> bool:
     if out.exists() and not out.is_dir():
         msg = f"output {out} exists and is not a directory"
         raise OutputExistsError(msg)

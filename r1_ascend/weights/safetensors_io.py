@@ -180,6 +180,24 @@ class StreamingWriter:
         self._next += 1
         return entry.nbytes
 
+    def begin(self, name: str, dtype: str, shape: tuple[int, ...]) -> None:
+        """Start the next tensor, to be written in pieces with ``write_chunk`` and closed with ``end``."""
+        entry = self._layout[self._next]
+        if (name, dtype, tuple(shape)) != (entry.name, entry.dtype, entry.shape):
+            msg = f"internal error: wrote {name!r} {dtype} {shape} where the header expects {entry}"
+            raise RuntimeError(msg)
+        self._pending = entry.nbytes
+
+    def write_chunk(self, data: memoryview) -> None:
+        self._stream.write(data)
+        self._pending -= data.nbytes
+
+    def end(self) -> None:
+        if self._pending:
+            msg = f"internal error: {self._layout[self._next].name!r} is {self._pending} bytes short"
+            raise RuntimeError(msg)
+        self._next += 1
+
     def close_check(self) -> None:
         if self._next != len(self._layout):
             msg = f"internal error: {len(self._layout) - self._next} tensors left unwritten"

@@ -6,18 +6,19 @@ without a scale is an error, never silently kept as FP8.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 
 from r1_ascend.weights.errors import CheckpointFormatError
-from r1_ascend.weights.fp8 import SCALE_SUFFIX, dequantize_fp8_blockwise
-from r1_ascend.weights.safetensors_io import Header, TensorEntry, read_header
+from r1_ascend.weights.fp8 import SCALE_SUFFIX, dequantize_fp8_blockwise, dequantize_rows
+from r1_ascend.weights.safetensors_io import DTYPE_TO_TORCH, Header, TensorEntry, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -78,7 +79,7 @@ class HFCheckpoint:
             if name not in self.headers[file].entries:
                 msg = f"{INDEX_NAME} places {name!r} in {file}, but that shard does not contain it"
                 raise CheckpointFormatError(msg)
-        self._handles: OrderedDict[str, Any] = OrderedDict()
+        self._handles: OrderedDict[str, int] = OrderedDict()
         self._max_open = max_open
 
     @property
@@ -91,6 +92,27 @@ class HFCheckpoint:
 
     def entry(self, name: str) -> TensorEntry:
         return self.headers[self.weight_map[name]].entries[name]
+
+    def inventory(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """name -> (dtype, shape) of every indexed tensor, for the architecture check."""
+        return {n: (self.entry(n).dtype, self.entry(n).shape) for n in self.weight_map}
+
+    @property
+    def quantized(self) -> bool:
+        """Holds block-FP8 weights (any F8_E4M3 tensor)."""
+        return any(self.entry(n).dtype == "F8_E4M3" for n in self.weight_map)
+
+    def check_architecture(self, *, mtp: bool | None = None, what: str = "checkpoint") -> None:
+        """Check the indexed tensors against the config's inventory (FP8 or BF16 as stored).
+
+        ``mtp`` None accepts the MTP layers either complete or absent (a BF16 copy may have dropped them).
+        """
+        from r1_ascend.weights.inventory import check_inventory, expected_tensors, has_mtp
+
+        if mtp is None:
+            mtp = has_mtp(self.weight_map, self.config)
+        expected = expected_tensors(self.config, fp8=self.quantized, mtp=mtp)
+        check_inventory(self.inventory(), expected, f"{what} {self.path}")
 
     def is_fp8(self, name: str) -> bool:
         return self.entry(name).dtype == "F8_E4M3"
@@ -105,25 +127,57 @@ class HFCheckpoint:
             out.append(name)
         return out
 
-    def _handle(self, file: str) -> Any:
-        handle = self._handles.pop(file, None)
-        if handle is None:
-            handle = safe_open(str(self.path / file), framework="pt", device="cpu")
+    def _fd(self, file: str) -> int:
+        fd = self._handles.pop(file, None)
+        if fd is None:
+            fd = os.open(self.path / file, os.O_RDONLY)
             while len(self._handles) >= self._max_open:
-                self._handles.popitem(last=False)
-        self._handles[file] = handle
-        return handle
+                os.close(self._handles.popitem(last=False)[1])
+        self._handles[file] = fd
+        return fd
+
+    def read_into(self, name: str, offset: int, buffer: memoryview) -> None:
+        """Fill ``buffer`` with the stored bytes of ``name`` from byte ``offset`` on (plain reads, no mmap).
+
+        Reading into private memory instead of mapping the shard keeps the process's resident size at the
+        buffers it holds: mapped shard pages would count towards RSS (4.3 GB per V3 shard) until unmapped.
+        """
+        if name not in self.weight_map:
+            msg = f"tensor {name!r} not found in {self.path / INDEX_NAME}"
+            raise CheckpointFormatError(msg)
+        file = self.weight_map[name]
+        entry = self.headers[file].entries[name]
+        start = self.headers[file].data_start + entry.begin + offset
+        if offset + len(buffer) > entry.nbytes:
+            msg = f"internal error: read past the end of {name!r}"
+            raise RuntimeError(msg)
+        fd, done = self._fd(file), 0
+        while done < len(buffer):
+            n = os.preadv(fd, [buffer[done:]], start + done)
+            if n == 0:
+                msg = f"{self.path / file} ended while reading {name!r}; the shard is truncated, re-download it"
+                raise CheckpointFormatError(msg)
+            done += n
 
     def raw(self, name: str) -> torch.Tensor:
         """The tensor exactly as stored (FP8 stays FP8)."""
         if name not in self.weight_map:
             msg = f"tensor {name!r} not found in {self.path / INDEX_NAME}"
             raise CheckpointFormatError(msg)
-        return self._handle(self.weight_map[name]).get_tensor(name)
+        entry = self.entry(name)
+        return self._read(name, entry.shape, 0, entry.nbytes)
+
+    def _read(self, name: str, shape: tuple[int, ...], offset: int, nbytes: int) -> torch.Tensor:
+        data = torch.empty(nbytes, dtype=torch.uint8)
+        if nbytes:
+            self.read_into(name, offset, memoryview(data.numpy()))
+        return data.view(DTYPE_TO_TORCH[self.entry(name).dtype]).reshape(shape)
 
     def raw_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
         """Rows [start, stop) of a stored tensor, read without loading the rest."""
-        return self._handle(self.weight_map[name]).get_slice(name)[start:stop]
+        entry = self.entry(name)
+        row_bytes = entry.nbytes // entry.shape[0] if entry.shape and entry.shape[0] else 0
+        return self._read(name, (stop - start, *entry.shape[1:]), start * row_bytes, (stop - start) * row_bytes)
 
     def scale_name(self, name: str) -> str:
         scale = name + SCALE_SUFFIX
@@ -142,10 +196,18 @@ class HFCheckpoint:
         return self.raw(name)
 
     def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
-        """Rows of ``tensor(name)``; FP8 tensors are dequantised whole first (they are at most ~130 M elements)."""
+        """Rows of ``tensor(name)``, reading and dequantising only those rows."""
         if self.is_fp8(name):
-            return self.tensor(name)[start:stop]
+            codes = self.raw_rows(name, start, stop)
+            scale = self.raw(self.scale_name(name))
+            out = torch.empty(tuple(codes.shape), dtype=torch.bfloat16)
+            return dequantize_rows(codes, scale, start, out)
         return self.raw_rows(name, start, stop)
 
     def close(self) -> None:
-        self._handles.clear()
+        while self._handles:
+            os.close(self._handles.popitem()[1])
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()

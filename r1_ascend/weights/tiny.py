@@ -19,6 +19,8 @@ import torch
 from safetensors.torch import save_file
 
 from r1_ascend.weights.fp8 import FP8_DTYPE, SCALE_SUFFIX, quantize_fp8_blockwise, scale_shape
+from r1_ascend.weights.inventory import TensorSpec, checkpoint_specs
+from r1_ascend.weights.inventory import layer_specs as _layer_specs
 from r1_ascend.weights.safetensors_io import DTYPE_SIZE, PT_METADATA
 
 log = logging.getLogger(__name__)
@@ -92,90 +94,6 @@ def deepseek_v3_config(**overrides: Any) -> dict[str, Any]:
     cfg.update(TINY_CONFIG)
     cfg.update(overrides)
     return cfg
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """One HF tensor of the checkpoint: ``kind`` is fp8 (gets a scale), bf16, norm (ones) or f32 (router bias)."""
-
-    name: str
-    shape: tuple[int, ...]
-    kind: str
-
-    @property
-    def dtype(self) -> str:
-        return {"fp8": "F8_E4M3", "bf16": "BF16", "norm": "BF16", "f32": "F32"}[self.kind]
-
-
-def _layer_specs(cfg: dict[str, Any], layer: int, *, mtp: bool) -> list[TensorSpec]:
-    h, nh = cfg["hidden_size"], cfg["num_attention_heads"]
-    qn, qr, vd = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
-    ql, kvl = cfg.get("q_lora_rank"), cfg["kv_lora_rank"]
-    p = f"model.layers.{layer}."
-    specs = [TensorSpec(p + "input_layernorm.weight", (h,), "norm")]
-    a = p + "self_attn."
-    if ql:
-        specs += [
-            TensorSpec(a + "q_a_proj.weight", (ql, h), "fp8"),
-            TensorSpec(a + "q_a_layernorm.weight", (ql,), "norm"),
-            TensorSpec(a + "q_b_proj.weight", (nh * (qn + qr), ql), "fp8"),
-        ]
-    else:
-        specs.append(TensorSpec(a + "q_proj.weight", (nh * (qn + qr), h), "fp8"))
-    specs += [
-        TensorSpec(a + "kv_a_proj_with_mqa.weight", (kvl + qr, h), "fp8"),
-        TensorSpec(a + "kv_a_layernorm.weight", (kvl,), "norm"),
-        TensorSpec(a + "kv_b_proj.weight", (nh * (qn + vd), kvl), "fp8"),
-        TensorSpec(a + "o_proj.weight", (h, nh * vd), "fp8"),
-        TensorSpec(p + "post_attention_layernorm.weight", (h,), "norm"),
-    ]
-    m = p + "mlp."
-    if layer < cfg["first_k_dense_replace"] and not mtp:
-        f = cfg["intermediate_size"]
-        specs += [
-            TensorSpec(m + "gate_proj.weight", (f, h), "fp8"),
-            TensorSpec(m + "up_proj.weight", (f, h), "fp8"),
-            TensorSpec(m + "down_proj.weight", (h, f), "fp8"),
-        ]
-    else:
-        e, mf, s = cfg["n_routed_experts"], cfg["moe_intermediate_size"], cfg["n_shared_experts"]
-        specs += [
-            TensorSpec(m + "gate.weight", (e, h), "bf16"),
-            TensorSpec(m + "gate.e_score_correction_bias", (e,), "f32"),
-        ]
-        for i in range(e):
-            specs += [
-                TensorSpec(f"{m}experts.{i}.gate_proj.weight", (mf, h), "fp8"),
-                TensorSpec(f"{m}experts.{i}.up_proj.weight", (mf, h), "fp8"),
-                TensorSpec(f"{m}experts.{i}.down_proj.weight", (h, mf), "fp8"),
-            ]
-        specs += [
-            TensorSpec(m + "shared_experts.gate_proj.weight", (mf * s, h), "fp8"),
-            TensorSpec(m + "shared_experts.up_proj.weight", (mf * s, h), "fp8"),
-            TensorSpec(m + "shared_experts.down_proj.weight", (h, mf * s), "fp8"),
-        ]
-    if mtp:
-        v = cfg["vocab_size"]
-        specs += [
-            TensorSpec(p + "enorm.weight", (h,), "norm"),
-            TensorSpec(p + "hnorm.weight", (h,), "norm"),
-            TensorSpec(p + "eh_proj.weight", (h, 2 * h), "bf16"),
-            TensorSpec(p + "embed_tokens.weight", (v, h), "bf16"),
-            TensorSpec(p + "shared_head.norm.weight", (h,), "norm"),
-            TensorSpec(p + "shared_head.head.weight", (v, h), "bf16"),
-        ]
-    return specs
-
-
-def checkpoint_specs(cfg: dict[str, Any]) -> list[TensorSpec]:
-    """Every tensor of a DeepSeek-V3-shaped FP8 checkpoint (scales excluded), in the upstream file order."""
-    v, h = cfg["vocab_size"], cfg["hidden_size"]
-    specs = [TensorSpec("model.embed_tokens.weight", (v, h), "bf16")]
-    n_layers = cfg["num_hidden_layers"]
-    for layer in range(n_layers + cfg.get("num_nextn_predict_layers", 0)):
-        specs += _layer_specs(cfg, layer, mtp=layer >= n_layers)
-    specs += [TensorSpec("model.norm.weight", (h,), "norm"), TensorSpec("lm_head.weight", (v, h), "bf16")]
-    return specs
 
 
 def _generator(seed: int, name: str) -> torch.Generator:

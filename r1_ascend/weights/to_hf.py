@@ -1,0 +1,239 @@
+"""Megatron-core dist checkpoint (as verl saves it during training) -> HF BF16 safetensors, streaming and resumable.
+
+verl 0.6.1's Megatron checkpoint manager saves a training checkpoint as ``<dir>/global_step_<N>/actor/`` with
+``dist_ckpt/`` (a ``torch_dist`` checkpoint of ``{"model": GPTModel.sharded_state_dict(), "optimizer": ...,
+"rng_state": ...}``) and ``huggingface/`` (the HF config, generation config and tokenizer, written by rank 0). The
+model keys are the same global keys ``to-megatron`` writes, so the inverse mapping is the same plan read backwards.
+
+Each output shard reads only the regions of the dist tensors it needs (for MoE layers, single experts) through
+PyTorch DCP's reader, whatever TP/PP/EP the training saved at (``dcp_regions``), so memory stays at one output
+shard. Shards are written under a temporary name and renamed when complete; a rerun skips finished shards. The
+architecture check runs on the written shards before the index, which marks the directory complete, is written.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from r1_ascend.weights.dcp_regions import read_regions
+from r1_ascend.weights.dequant import ShardPlan, check_output_inventory, shard_is_complete
+from r1_ascend.weights.errors import CheckpointFormatError
+from r1_ascend.weights.inventory import checkpoint_specs, expected_tensors
+from r1_ascend.weights.mcore_plan import DistTensor, Layout, build_plan
+from r1_ascend.weights.outdir import fingerprint, prepare_output, remove_stale_temps
+from r1_ascend.weights.progress import Progress
+from r1_ascend.weights.safetensors_io import PT_METADATA, StreamingWriter, ordered_layout, write_atomically
+from r1_ascend.weights.source import INDEX_NAME, load_json
+from r1_ascend.weights.workers import worker_pool
+
+log = logging.getLogger(__name__)
+
+MANIFEST = ".r1-ascend-to-hf.json"
+DEFAULT_SHARD_BYTES = 2_000_000_000
+#: Test hook: SIGKILL after this many output shards (resume tests).
+SHARD_FAULT_ENV = "R1_ASCEND_TO_HF_KILL_AFTER_SHARDS"
+_NEVER_COPIED = {INDEX_NAME}
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Where a verl training checkpoint keeps its parts."""
+
+    dist_ckpt: Path
+    hf_dir: Path
+
+
+def locate(path: Path, hf_dir: Path | None = None) -> Sources:
+    """Accept ``global_step_N``, ``global_step_N/actor``, or the ``dist_ckpt`` directory itself."""
+    path = path.resolve()
+    for cand in (path, path / "actor"):
+        if (cand / "dist_ckpt" / "metadata.json").is_file():
+            return Sources(cand / "dist_ckpt", hf_dir or cand / "huggingface")
+    if (path / "metadata.json").is_file():
+        return Sources(path, hf_dir or path.parent / "huggingface")
+    msg = (
+        f"{path} is not a Megatron dist checkpoint: expected verl's global_step_N/actor/dist_ckpt/metadata.json "
+        "(or pass the dist_ckpt directory itself). An unfinished save has no metadata.json; use an earlier step."
+    )
+    raise CheckpointFormatError(msg)
+
+
+def _hf_sources(cfg: dict[str, Any]) -> dict[str, tuple[DistTensor, Any]]:
+    """HF name -> (dist tensor, which part of it): ``None`` whole, 0/1 swiglu half, ("fc1", e, half) / ("fc2", e)."""
+    out: dict[str, tuple[DistTensor, Any]] = {}
+    for t in build_plan(cfg, Layout(), extra_state=False).tensors:
+        if t.kind == "swiglu":
+            out[t.sources[0]], out[t.sources[1]] = (t, 0), (t, 1)
+        elif t.kind in ("experts_fc1", "experts_fc2"):
+            for e in range(t.global_shape[0]):
+                p = f"{t.sources[0]}experts.{e}."
+                if t.kind == "experts_fc1":
+                    out[p + "gate_proj.weight"], out[p + "up_proj.weight"] = (t, ("fc1", e, 0)), (t, ("fc1", e, 1))
+                else:
+                    out[p + "down_proj.weight"] = (t, ("fc2", e))
+        else:
+            out[t.sources[0]] = (t, None)
+    return out
+
+
+def plan_output(cfg: dict[str, Any], max_shard_bytes: int) -> list[ShardPlan]:
+    """HF names in the upstream order, cut into shards of at most ``max_shard_bytes`` (one tensor may exceed it)."""
+    inventory = expected_tensors(cfg, fp8=False, mtp=False)
+    groups: list[list[tuple[str, str, tuple[int, ...]]]] = [[]]
+    used = 0
+    for spec in checkpoint_specs(cfg, mtp=False):
+        dtype, shape = inventory[spec.name]
+        size = torch.Size(shape).numel() * (4 if dtype == "F32" else 2)
+        if groups[-1] and used + size > max_shard_bytes:
+            groups.append([])
+            used = 0
+        groups[-1].append((spec.name, dtype, shape))
+        used += size
+    n = len(groups)
+    plans = []
+    for i, group in enumerate(groups):
+        layout = ordered_layout(group)
+        plans.append(ShardPlan(f"model-{i + 1:05d}-of-{n:05d}.safetensors", layout, sum(e.nbytes for e in layout)))
+    return plans
+
+
+def _load_shard(dist_ckpt: Path, cfg: dict[str, Any], names: list[str]) -> dict[str, torch.Tensor]:
+    """The HF tensors ``names``, each read as its region of the dist tensor that holds it."""
+    sources = _hf_sources(cfg)
+    inventory = expected_tensors(cfg, fp8=False, mtp=False)
+    out: dict[str, torch.Tensor] = {}
+    regions: dict[tuple[str, tuple[int, ...]], torch.Tensor] = {}
+    for name in names:
+        t, part = sources[name]
+        dtype, shape = inventory[name]
+        dest = torch.empty(shape, dtype=t.dtype)
+        if dtype != {torch.bfloat16: "BF16", torch.float32: "F32"}[t.dtype]:
+            msg = f"internal error: {name} is {dtype} in the inventory but {t.dtype} in the Megatron plan"
+            raise RuntimeError(msg)
+        out[name] = dest
+        if part is None:  # the whole dist tensor (TP/PP/EP chunks are resolved by the reader)
+            regions[(t.key, (0,) * len(shape))] = dest
+        elif isinstance(part, int):  # dense fc1 = [gate; up]
+            regions[(t.key, (part * shape[0], 0))] = dest
+        elif part[0] == "fc1":  # grouped experts fc1 [E, 2F, H]: expert e, gate or up half
+            regions[(t.key, (part[1], part[2] * shape[0], 0))] = dest.unsqueeze(0)
+        else:  # grouped experts fc2 [E, H, F]
+            regions[(t.key, (part[1], 0, 0))] = dest.unsqueeze(0)
+    read_regions(dist_ckpt, regions)
+    return out
+
+
+def write_shard(dist_ckpt: str, dst: str, cfg: dict[str, Any], plan: ShardPlan) -> int:
+    """Load one output shard's tensors and write the shard atomically; returns its size."""
+    final = Path(dst) / plan.file
+    tmp = final.with_name(f".{plan.file}.tmp-{os.getpid()}")
+    tensors = _load_shard(Path(dist_ckpt), cfg, [e.name for e in plan.layout])
+    try:
+        with tmp.open("wb") as f:
+            writer = StreamingWriter(f, plan.layout, PT_METADATA)
+            for entry in plan.layout:
+                writer.write(entry.name, tensors.pop(entry.name).contiguous())
+            writer.close_check()
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _maybe_kill()
+    return plan.file_size
+
+
+_shards_written = 0
+
+
+def _maybe_kill() -> None:
+    global _shards_written
+    limit = os.environ.get(SHARD_FAULT_ENV)
+    _shards_written += 1
+    if limit is not None and _shards_written >= int(limit):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@dataclass
+class ToHFResult:
+    out_dir: Path
+    shards_written: int
+    shards_skipped: int
+    bytes_written: int
+    seconds: float
+
+
+def convert_megatron_to_hf(
+    src: str | Path,
+    dst: str | Path,
+    *,
+    hf_dir: str | Path | None = None,
+    workers: int = 1,
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> ToHFResult:
+    """A verl Megatron training checkpoint (``global_step_N[/actor]`` or its ``dist_ckpt``) -> HF BF16 directory
+    with the checkpoint's own ``config.json`` and tokenizer files (from ``huggingface/``, or ``hf_dir``)."""
+    start = time.monotonic()
+    where = locate(Path(src), Path(hf_dir) if hf_dir else None)
+    if not (where.hf_dir / "config.json").is_file():
+        msg = (
+            f"{where.hf_dir}/config.json not found: verl writes the HF config and tokenizer to the checkpoint's "
+            "huggingface/ directory. Pass --hf-dir with the model directory the training used."
+        )
+        raise CheckpointFormatError(msg)
+    cfg = load_json(where.hf_dir / "config.json")
+    from r1_ascend.weights.mcore_verify import check_megatron_inventory
+
+    check_megatron_inventory(where.dist_ckpt, build_plan(cfg, Layout(), extra_state=False), allow_extra=True)
+    plans = plan_output(cfg, max_shard_bytes)
+    dst = Path(dst).resolve()
+    manifest = {
+        "step": "to-hf",
+        "source": str(where.dist_ckpt),
+        "source_metadata_size": (where.dist_ckpt / ".metadata").stat().st_size,
+        "config_sha256": fingerprint(where.hf_dir / "config.json"),
+        "max_shard_bytes": max_shard_bytes,
+    }
+    resuming = prepare_output(dst, MANIFEST, manifest, overwrite=overwrite, source=where.dist_ckpt.parent)
+    if resuming:
+        remove_stale_temps(dst)
+    todo = [p for p in plans if not shard_is_complete(dst / p.file, p)]
+    bar = Progress("to-hf", sum(p.input_bytes for p in plans), enabled=progress)
+    bar.skip(sum(p.input_bytes for p in plans) - sum(p.input_bytes for p in todo))
+    written = 0
+    if workers <= 1 or len(todo) <= 1:
+        for p in todo:
+            written += write_shard(str(where.dist_ckpt), str(dst), cfg, p)
+            bar.add(p.input_bytes)
+    else:
+        with worker_pool(workers) as pool:
+            futures = {pool.submit(write_shard, str(where.dist_ckpt), str(dst), cfg, p): p for p in todo}
+            for fut, p in futures.items():
+                written += fut.result()
+                bar.add(p.input_bytes)
+    check_output_inventory(dst, [p.file for p in plans], cfg, mtp=False)
+    for item in sorted(where.hf_dir.iterdir()):
+        side = item.is_file() and item.suffix != ".safetensors" and not item.name.startswith(".")
+        if side and item.name not in _NEVER_COPIED:
+            shutil.copy2(item, dst / item.name)
+    weight_map = {e.name: p.file for p in plans for e in p.layout}
+    index = {
+        "metadata": {"total_size": sum(p.input_bytes for p in plans)},
+        "weight_map": dict(sorted(weight_map.items())),
+    }
+    write_atomically(dst / INDEX_NAME, (json.dumps(index, indent=2) + "\n").encode())
+    bar.finish()
+    return ToHFResult(dst, len(todo), len(plans) - len(todo), written, time.monotonic() - start)
