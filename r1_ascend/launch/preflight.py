@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
-from r1_ascend.launch.checks import CHECKS, ERROR, WARNING, Finding, Run, prepare
+from r1_ascend.launch.checks import CHECKS, ERROR, OK, SKIPPED, WARNING, Finding, Run, prepare
 from r1_ascend.launch.memory import A3_DIE_MEMORY_GB, GIB
 from r1_ascend.launch.overlays import DEFAULT_OVERLAY, OverlayError, compose, overlay_names
 
@@ -39,10 +39,13 @@ def run_checks(
         device_memory_gb * 1e9,
         full_env=environment,
         check_patches=check_patches,
+        config_name=config_name,
     )
     prepare(run)
+    from r1_ascend.launch.upstream_checks import UPSTREAM_CHECKS
+
     findings: list[Finding] = []
-    for check in CHECKS:
+    for check in (*CHECKS, *UPSTREAM_CHECKS):
         findings.extend(check(run))
     return run, findings
 
@@ -51,7 +54,8 @@ def format_plan(run: Run) -> list[str]:
     cfg = run.config
     lines = ["Plan"]
     lines.append(
-        f"  cluster   {cfg.trainer.nnodes} nodes x {cfg.trainer.n_gpus_per_node} NPUs = {run.world} dies "
+        f"  cluster   {plural(cfg.trainer.nnodes, 'node')} x {plural(cfg.trainer.n_gpus_per_node, 'NPU')} = "
+        f"{plural(run.world, 'die')} "
         f"(device {cfg.trainer.device})"
     )
     model = run.model
@@ -59,7 +63,7 @@ def format_plan(run: Run) -> list[str]:
         experts = f"{model.num_experts} experts, {model.num_dense_layers} dense layers" if model.is_moe else "dense"
         lines.append(
             f"  model     {model.model_type} at {model.path}: {model.num_layers} layers, {experts}, "
-            f"{model.total_params() / 1e9:.1f} B params, max_position_embeddings {model.max_position_embeddings}"
+            f"{human_count(model.total_params())} params, max_position_embeddings {model.max_position_embeddings}"
         )
     train = run.train
     if train is not None:
@@ -101,8 +105,22 @@ def format_memory(run: Run) -> list[str]:
 
 
 def format_findings(findings: Sequence[Finding]) -> list[str]:
-    marks = {ERROR: "FAIL", WARNING: "warn", "ok": "ok  "}
+    marks = {ERROR: "FAIL", WARNING: "warn", OK: "ok  ", SKIPPED: "skip"}
     return ["Checks", *(f"  [{marks[f.level]}] {f.check}: {f.message}" for f in findings)]
+
+
+def plural(count: object, noun: str) -> str:
+    """``1 node``, ``2 nodes``."""
+    number = int(str(count))
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
+def human_count(value: float) -> str:
+    """A count in the unit that keeps 3 significant digits: 671 B, 5.72 B, 3.1 M, 512."""
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= size:
+            return f"{value / size:.3g} {unit}"
+    return f"{value:.0f}"
 
 
 def _onoff(value: object) -> str:
