@@ -478,22 +478,35 @@ def check_external_modules(run: Run) -> Iterator[Finding]:
     """
     from r1_ascend.recipe.runtime_env import EXTERNAL_MODULES, overlay_env_vars
 
-    configured = run.config.get("ray_kwargs", {}).get("ray_init", {}).get("runtime_env", {}).get("env_vars", {}) or {}
+    configured = OmegaConf.select(run.config, _RUNTIME_ENV_KEY) or {}
     value = overlay_env_vars(dict(configured), run.full_env)[EXTERNAL_MODULES]
     modules = value.split(",")
     bad = [(name, why) for name in modules if (why := resolve_module(name))]
     if not bad:
         yield Finding("external_modules", OK, f"{EXTERNAL_MODULES}={value}: every module resolves")
         return
-    fixed = [(_closest_module(n) or "") if n in dict(bad) else n for n in modules]
-    fix = ",".join(n for n in fixed if n)
+    sources = (
+        (f"++{_RUNTIME_ENV_KEY}.{EXTERNAL_MODULES}", configured.get(EXTERNAL_MODULES)),
+        (EXTERNAL_MODULES, run.full_env.get(EXTERNAL_MODULES)),
+    )
     for name, why in bad:
+        where, given = next(((k, str(v)) for k, v in sources if v and name in _names(str(v))), (EXTERNAL_MODULES, ""))
+        fixed = [(_closest_module(n) or "") if n == name else n for n in _names(given)]
+        fix = ",".join(dict.fromkeys(n for n in fixed if n))
         yield Finding(
             "external_modules",
             ERROR,
             f"{EXTERNAL_MODULES} names {name}: {why}; every Ray worker would fail on `import verl`. Expected an "
-            f"importable module. Fix: {EXTERNAL_MODULES}={fix}",
+            f"importable module. Fix: {where}={fix}",
         )
+
+
+_RUNTIME_ENV_KEY = "ray_kwargs.ray_init.runtime_env.env_vars"
+
+
+def _names(value: str) -> list[str]:
+    """Module names as the recipe merges them (comma-separated, blanks dropped)."""
+    return [n.strip() for n in value.split(",") if n.strip()]
 
 
 # --- vLLM engine arguments ---------------------------------------------------------------------------------------
