@@ -571,6 +571,32 @@ def _heads(run: Run) -> tuple[dict[str, Any] | None, str]:
     return None, ""
 
 
+def vllm_head_refusal(heads: int, tp: int) -> str | None:
+    """vLLM's own ``ModelConfig.verify_with_parallel_config`` on the head count and rollout TP: its message, or None.
+
+    Runs the installed method (``upstream_source``) on a stand-in holding only what it reads for a single-stage,
+    non-expert-parallel engine; anything else it would check needs the engine and is left to vLLM.
+    """
+    from r1_ascend.launch.upstream_source import UpstreamSourceError, load_functions
+
+    try:
+        verify = load_functions("vllm.config", ["ModelConfig.verify_with_parallel_config"])
+    except UpstreamSourceError:
+        return None
+    model = SimpleNamespace(hf_text_config=SimpleNamespace(num_attention_heads=heads), seed=0)
+    parallel = SimpleNamespace(
+        distributed_executor_backend="mp",
+        tensor_parallel_size=tp,
+        enable_expert_parallel=False,
+        pipeline_parallel_size=1,
+    )
+    try:
+        verify["ModelConfig.verify_with_parallel_config"](model, parallel)
+    except (ValueError, ZeroDivisionError) as exc:
+        return f"vLLM: {exc}"
+    return None
+
+
 def check_attention_heads(run: Run) -> Iterator[Finding]:
     """Actor TP against Megatron-core's head rules, rollout TP against vLLM's (both fire only in the workers)."""
     config, source = _heads(run)
@@ -593,6 +619,11 @@ def check_attention_heads(run: Run) -> Iterator[Finding]:
     for key, owner, side_groups in sides:
         tp = int(OmegaConf.select(cfg, key))
         problems = head_split_problems(heads, side_groups, tp)
+        if owner.startswith("vLLM"):
+            upstream = vllm_head_refusal(heads, tp)
+            if upstream and not problems:
+                problems = [upstream]
+            owner = f"{owner} ({upstream})" if upstream else owner
         if problems:
             failed = True
             good = largest_head_tp(heads, side_groups, tp, run.world)
