@@ -23,6 +23,7 @@ from r1_ascend.launch.layout import (
 )
 from r1_ascend.launch.memory import GIB, MemoryInputs, PhaseEstimate, estimate
 from r1_ascend.launch.model_info import ModelConfigError, ModelInfo, known_model, load_model_info
+from r1_ascend.launch.units import human_count, plural
 
 ERROR, WARNING, OK, SKIPPED = "error", "warning", "ok", "skipped"
 
@@ -130,7 +131,7 @@ def check_world_size(run: Run) -> Iterator[Finding]:
             f"trainer.n_gpus_per_node={env_per_node} (the run scripts do) or start the right number of nodes",
         )
     else:
-        yield Finding("world_size", OK, f"{nodes} nodes x {per_node} NPUs = {run.world} ranks")
+        yield Finding("world_size", OK, f"{plural(nodes, 'node')} x {plural(per_node, 'NPU')} = {run.world} ranks")
 
 
 def check_vllm_dp_size(run: Run) -> Iterator[Finding]:
@@ -408,7 +409,7 @@ def check_model_config(run: Run) -> Iterator[Finding]:
         "model_config",
         OK,
         f"{model.model_type}: {model.num_layers} layers, {model.num_experts or 'no'} experts, "
-        f"{model.total_params() / 1e9:.1f} B params, MTP off, no quantization",
+        f"{human_count(model.total_params())} params, MTP off, no quantization",
     )
 
 

@@ -2,8 +2,10 @@
 
 Composes the chosen overlay with Hydra (plus ``key=value`` overrides, exactly as the run script passes them) and
 checks cluster size, parallel layouts, batch divisibility, rollout engine settings, model config, data schema,
-checkpoint, patches and a per-die memory estimate. Prints the plan and one line per check; exits 1 on any error.
-Reads files only (no torch, verl or vLLM import), so it answers in about a second on a login node.
+checkpoint, patches and a per-die memory estimate, then runs the stack's own validation on the result: verl's
+``validate_config``, dataclass conversions and reward loader, vLLM's argument checks, Megatron's head rules.
+Prints the plan and one line per check (ok, warn, FAIL, or skip with the reason); exits 1 on any error. Imports no
+torch, verl or vLLM (their config code is loaded from source), so it answers in seconds on a login node.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from r1_ascend.launch.checks import CHECKS, ERROR, OK, SKIPPED, WARNING, Finding, Run, prepare
 from r1_ascend.launch.memory import A3_DIE_MEMORY_GB, GIB
 from r1_ascend.launch.overlays import DEFAULT_OVERLAY, OverlayError, compose, overlay_names
+from r1_ascend.launch.units import human_count, plural
 
 #: Environment variables the checks read (docs/environment.md).
 ENV_KEYS = ("NNODES", "NPUS_PER_NODE", "VLLM_DP_SIZE")
@@ -109,26 +112,14 @@ def format_findings(findings: Sequence[Finding]) -> list[str]:
     return ["Checks", *(f"  [{marks[f.level]}] {f.check}: {f.message}" for f in findings)]
 
 
-def plural(count: object, noun: str) -> str:
-    """``1 node``, ``2 nodes``."""
-    number = int(str(count))
-    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
-
-
-def human_count(value: float) -> str:
-    """A count in the unit that keeps 3 significant digits: 671 B, 5.72 B, 3.1 M, 512."""
-    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(value) >= size:
-            return f"{value / size:.3g} {unit}"
-    return f"{value:.0f}"
-
-
 def _onoff(value: object) -> str:
     return "on" if value else "off"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="r1-ascend preflight", description=__doc__)
+    from r1_ascend.cli import plain_help
+
+    parser = argparse.ArgumentParser(prog="r1-ascend preflight", description=plain_help(__doc__))
     parser.add_argument(
         "--config",
         default=os.environ.get("R1_ASCEND_CONFIG", DEFAULT_OVERLAY),

@@ -126,7 +126,9 @@ def launch_command(paths: dict[str, str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="r1-ascend quickstart", description=__doc__)
+    from r1_ascend.cli import plain_help
+
+    parser = argparse.ArgumentParser(prog="r1-ascend quickstart", description=plain_help(__doc__))
     parser.add_argument(
         "--output-dir", type=Path, default=DEFAULT_OUTPUT, help=f"where everything goes (default {DEFAULT_OUTPUT})"
     )
