@@ -344,3 +344,15 @@ def test_upstream_loader_leaves_no_partial_verl_behind(smoke_inputs):
     assert not [m for m in sys.modules if m == "verl" or m.startswith("verl.")] or hasattr(
         sys.modules.get("verl"), "DataProto"
     )
+
+
+def test_docs_name_the_source_of_every_check():
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "launch.md").read_text(encoding="utf-8")
+    section = docs.split("### Where each check comes from", 1)[1].split("\n### ", 1)[0]
+    findings = run_checks(DEFAULT_OVERLAY, [], check_patches=False)[1]
+    for name in {f.check for f in findings}:
+        assert f"`{name}`" in section, name
+    for function in ("validate_config", "omega_conf_to_dataclass", "get_custom_reward_fn", "CacheConfig._verify_args"):
+        assert function in section
