@@ -138,8 +138,8 @@ def unknown_key_problems(config: Any, api: Any, verl_keys: frozenset[str]) -> li
             problems.append(
                 Problem(
                     (full,),
-                    f"{full}={_render(value)} is not a field of verl's {target} ({expected}); it would be ignored "
-                    f"until verl refuses it in the worker. Fix: {fix}",
+                    f"{full}={_render(value)} is not a field of verl's dataclass {target} ({expected}); it would be "
+                    f"ignored until verl refuses it in the worker. Fix: {fix}",
                 )
             )
     return problems
@@ -231,9 +231,15 @@ def _explained(message: str, problems: list[Problem]) -> bool:
 
 def check_verl_config(run: Run) -> Iterator[Finding]:
     """verl 0.6.1's dataclass conversions and ``validate_config`` on the composed config, plus the key rules."""
+    from omegaconf.errors import OmegaConfBaseException
+
     from r1_ascend.launch.upstream_verl import UpstreamUnavailable, verl_config_api
 
-    cfg = _resolved(run.config)
+    try:
+        cfg = _resolved(run.config)
+    except OmegaConfBaseException as exc:
+        yield Finding("verl_config", ERROR, f"the config does not resolve (as verl's run_ppo resolves it): {exc}")
+        return
     problems = micro_batch_problems(cfg)
     verl_keys = verl_default_keys()
     upstream: list[str] = []
@@ -259,8 +265,11 @@ def check_verl_config(run: Run) -> Iterator[Finding]:
         confirmed = [u for u in upstream if _explained(u, [problem])]
         suffix = f" ({'; '.join(confirmed)})" if confirmed else ""
         yield Finding("verl_config", ERROR, problem.message + suffix)
+    reported: set[str] = set()
     for message in upstream:
-        if not _explained(message, problems):
+        cause = message.partition("refuses it: ")[2]
+        if not _explained(message, problems) and cause not in reported:
+            reported.add(cause)  # validate_config converts the actor again: one finding per cause
             yield Finding("verl_config", ERROR, message)
     if not problems and not upstream:
         yield Finding(

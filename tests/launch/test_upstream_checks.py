@@ -356,3 +356,29 @@ def test_docs_name_the_source_of_every_check():
         assert f"`{name}`" in section, name
     for function in ("validate_config", "omega_conf_to_dataclass", "get_custom_reward_fn", "CacheConfig._verify_args"):
         assert function in section
+
+
+@pytest.mark.slow
+def test_torch_free_loader_agrees_with_the_real_verl_package(smoke_inputs):
+    """The same findings when verl is really imported (torch and all): the loader stands in for nothing that
+    matters to these checks."""
+    bad = [
+        f"{AR}.rollout.log_prob_micro_batch_size=16",
+        f"{AR}.actor.loss_agg_mode=token-mea",
+        f"+{AR}.rollout.gpu_memory_utilisation=0.7",
+    ]
+    code = (
+        "import json, sys; import verl, verl.utils.config, verl.workers.config; "
+        "from r1_ascend.launch.preflight import run_checks; "
+        f"f = run_checks({SMOKE_OVERLAY!r}, {[*smoke_inputs.overrides(), *bad]!r}, env={SMOKE_ENV!r}, "
+        "check_patches=False)[1]; "
+        "print(json.dumps(sorted(x.message for x in f if x.check == 'verl_config')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    real = json.loads(done.stdout.strip().splitlines()[-1])
+    torch_free = sorted(f.message for f in _run(smoke_inputs, *bad) if f.check == "verl_config")
+    assert real == torch_free
+    assert len(real) == 3  # one finding per cause
+    for expected in ("Invalid loss_agg_mode", "gpu_memory_utilisation", "log_prob_micro_batch_size=null"):
+        assert any(expected in message for message in real), expected
