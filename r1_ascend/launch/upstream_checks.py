@@ -246,18 +246,19 @@ def check_verl_config(run: Run) -> Iterator[Finding]:
     try:
         with verl_config_api() as api, _quiet():
             problems = unknown_key_problems(run.config, api, verl_keys) + problems
-            sections = ["actor_rollout_ref.actor", "actor_rollout_ref.rollout", "algorithm"]
-            if uses_critic(cfg):
-                sections.append("critic")
-            for section in sections:
-                try:
-                    api.omega_conf_to_dataclass(cfg[section] if "." not in section else _select(cfg, section))
-                except Exception as exc:
-                    upstream.append(f"verl's dataclass conversion of {section} refuses it: {_one_line(exc)}")
+            # validate_config converts the actor (and the critic when used) itself; if it stops early, the actor's
+            # own conversion still runs, so an actor problem is not hidden behind a batch-size assertion.
+            sections = ["actor_rollout_ref.rollout", "algorithm"]
             try:
                 api.validate_config(cfg, use_reference_policy=uses_reference(cfg), use_critic=uses_critic(cfg))
             except Exception as exc:
                 upstream.append(f"verl.utils.config.validate_config refuses it: {_one_line(exc)}")
+                sections += ["actor_rollout_ref.actor", "critic"] if uses_critic(cfg) else ["actor_rollout_ref.actor"]
+            for section in sections:
+                try:
+                    api.omega_conf_to_dataclass(_select(cfg, section))
+                except Exception as exc:
+                    upstream.append(f"verl's dataclass conversion of {section} refuses it: {_one_line(exc)}")
     except UpstreamUnavailable as exc:
         yield Finding("verl_config", SKIPPED, f"skipped: {exc}")
         return
