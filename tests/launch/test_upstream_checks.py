@@ -210,7 +210,7 @@ def test_importable_external_modules_pass(smoke_inputs, value):
 
 def test_resolving_external_modules_imports_nothing():
     code = (
-        "import sys; from r1_ascend.launch.upstream_checks import resolve_module; "
+        "import sys; from r1_ascend.launch.module_names import resolve_module; "
         "assert resolve_module('r1_ascend.patches.prelude') is None; "
         "assert resolve_module('vllm_ascend.patch') is None; "
         "assert resolve_module('vllm_ascend.patchx') is not None; "
