@@ -539,10 +539,17 @@ def check_attention_heads(run: Run) -> Iterator[Finding]:
     mla = config.get("kv_lora_rank") is not None
     groups = None if mla else int(config.get("num_key_value_heads") or heads)
     cfg = run.config
-    sides = (
-        ("actor_rollout_ref.actor.megatron.tensor_model_parallel_size", "Megatron-core TransformerConfig", groups),
+    actor_key = "actor_rollout_ref.actor.megatron.tensor_model_parallel_size"
+    sides = [
+        (actor_key, "Megatron-core TransformerConfig", groups),
         ("actor_rollout_ref.rollout.tensor_model_parallel_size", "vLLM ModelConfig", None),
-    )
+    ]
+    # the reference model (and a critic) build their own Megatron model; report them only where their TP differs
+    # from the actor's (the shipped overlays interpolate it, so fixing the actor fixes them)
+    for section, used in (("actor_rollout_ref.ref", uses_reference(cfg)), ("critic", uses_critic(cfg))):
+        key = f"{section}.megatron.tensor_model_parallel_size"
+        if used and OmegaConf.select(cfg, key) not in (None, OmegaConf.select(cfg, actor_key)):
+            sides.append((key, "Megatron-core TransformerConfig", groups))
     failed = False
     for key, owner, side_groups in sides:
         tp = int(OmegaConf.select(cfg, key))

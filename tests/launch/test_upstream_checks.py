@@ -296,6 +296,14 @@ def test_tensor_parallel_sizes_dividing_the_heads_pass(qwen_model, actor_tp, rol
     assert _levels(findings, "attention_heads") == {OK}
 
 
+@pytest.mark.parametrize(("ref_tp", "refused"), [(8, True), (4, False), (2, False)])
+def test_reference_model_tp_is_checked_where_it_differs_from_the_actor(qwen_model, ref_tp, refused):
+    key = f"{AR}.ref.megatron.tensor_model_parallel_size"
+    overrides = [f"{AR}.model.path={qwen_model}", f"{key}={ref_tp}"]
+    errors = _heads(run_checks(QWEN_OVERLAY, overrides, env=SMOKE_ENV, check_patches=False)[1])
+    assert any(f"{key}={ref_tp}:" in e and f"Fix: {key}=4" in e for e in errors) is refused, errors
+
+
 def test_rollout_tp_seven_passes_vllm_but_actor_tp_seven_fails_megatron(qwen_model):
     """vLLM checks only the attention heads (28 % 7 == 0); Megatron also the 4 KV heads."""
     rollout = run_checks(
