@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 from collections.abc import Sequence
 
@@ -32,6 +33,11 @@ def _parser() -> argparse.ArgumentParser:
     for name, (_, help_text) in SUBCOMMANDS.items():
         sub.add_parser(name, help=help_text, add_help=False)
     return parser
+
+
+def plain_help(doc: str | None) -> str:
+    """A module docstring as plain help text: reST literals (double backquotes) become plain words."""
+    return re.sub(r"``([^`]+)``", r"\1", doc or "")
 
 
 def _version() -> str:

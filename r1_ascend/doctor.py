@@ -174,7 +174,9 @@ def _print_table(title: str, rows: list[Row]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="r1-ascend doctor", description=__doc__)
+    from r1_ascend.cli import plain_help
+
+    parser = argparse.ArgumentParser(prog="r1-ascend doctor", description=plain_help(__doc__))
     parser.add_argument(
         "--import",
         dest="deep",

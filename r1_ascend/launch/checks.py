@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from r1_ascend.launch.divisibility import expert_split_problems, world_split_problems
 from r1_ascend.launch.layout import (
     LayoutError,
     RolloutLayout,
@@ -21,15 +22,16 @@ from r1_ascend.launch.layout import (
     train_layout,
 )
 from r1_ascend.launch.memory import GIB, MemoryInputs, PhaseEstimate, estimate
-from r1_ascend.launch.model_info import ModelConfigError, ModelInfo, load_model_info
+from r1_ascend.launch.model_info import ModelConfigError, ModelInfo, known_model, load_model_info
+from r1_ascend.launch.units import human_count, plural
 
-ERROR, WARNING, OK = "error", "warning", "ok"
+ERROR, WARNING, OK, SKIPPED = "error", "warning", "ok", "skipped"
 
 
 @dataclass(frozen=True)
 class Finding:
     check: str
-    level: str  # ERROR | WARNING | OK
+    level: str  # ERROR | WARNING | OK | SKIPPED (the check could not run; the message says why)
     message: str
 
 
@@ -42,6 +44,7 @@ class Run:
     die_bytes: float
     full_env: Mapping[str, str] = field(default_factory=dict)
     check_patches: bool = True
+    config_name: str = ""
     model: ModelInfo | None = None
     model_error: str | None = None
     train: TrainLayout | None = None
@@ -128,7 +131,7 @@ def check_world_size(run: Run) -> Iterator[Finding]:
             f"trainer.n_gpus_per_node={env_per_node} (the run scripts do) or start the right number of nodes",
         )
     else:
-        yield Finding("world_size", OK, f"{nodes} nodes x {per_node} NPUs = {run.world} ranks")
+        yield Finding("world_size", OK, f"{plural(nodes, 'node')} x {plural(per_node, 'NPU')} = {run.world} ranks")
 
 
 def check_vllm_dp_size(run: Run) -> Iterator[Finding]:
@@ -156,8 +159,16 @@ def check_vllm_dp_size(run: Run) -> Iterator[Finding]:
         yield Finding("vllm_dp_size", OK, f"VLLM_DP_SIZE={raw} = {run.world} / rollout TP {tp}")
 
 
+def _no_model(run: Run) -> str:
+    """Why a check that needs the model's config.json could not run."""
+    if run.model_error:
+        return "skipped: the model config cannot be read (see model_config)"
+    return "skipped: needs the model's config.json (set MODEL_PATH / actor_rollout_ref.model.path)"
+
+
 def check_pipeline_split(run: Run) -> Iterator[Finding]:
     if run.model is None or run.train is None:
+        yield Finding("pipeline_split", SKIPPED, _no_model(run))
         return
     otc = run.config.actor_rollout_ref.actor.megatron.override_transformer_config
     first = otc.get("num_layers_in_first_pipeline_stage")
@@ -185,38 +196,37 @@ def check_expert_parallel(run: Run) -> Iterator[Finding]:
     train = run.train
     if train is None:
         return
-    problems = []
-    if run.world % train.model_parallel:
-        problems.append(f"world {run.world} is not divisible by TP x PP x CP = {train.model_parallel}")
-    if run.world % (train.pp * train.ep * train.etp):
-        problems.append(
-            f"world {run.world} is not divisible by PP x EP x expert-TP = {train.pp} x {train.ep} x {train.etp}"
-        )
-    model = run.model
-    if model is not None:
-        experts = model.num_experts
-        if not model.is_moe and train.ep > 1:
-            problems.append(f"expert_model_parallel_size={train.ep} but the model is dense (no routed experts)")
-        if model.is_moe:
-            if experts % train.ep:
-                problems.append(f"actor expert_model_parallel_size {train.ep} does not divide the {experts} experts")
-            if run.rollout is not None and experts % run.rollout.ep:
-                problems.append(
-                    f"rollout EP = TP x VLLM_DP_SIZE = {run.rollout.ep} does not divide the {experts} experts "
-                    f"(vLLM shards every MoE layer's experts over all rollout ranks)"
-                )
+    problems = world_split_problems(run.world, train.tp, train.pp, train.cp, train.ep, train.etp)
+    rollout_ep = run.rollout.ep if run.rollout is not None else None
+    if run.model is not None:
+        experts, source = run.model.num_experts, f"{run.model.path}/config.json"
+    else:
+        known = known_model(run.config_name)
+        experts = int(known[1]["n_routed_experts"]) if known and "n_routed_experts" in known[1] else None
+        source = f"{known[0]}, from the table of known models (MODEL_PATH not set)" if known else ""
+    if experts == 0 and train.ep > 1:
+        problems.append(f"expert_model_parallel_size={train.ep} but the model is dense (no routed experts)")
+    if experts:
+        problems += expert_split_problems(experts, train.ep, rollout_ep)
     if problems:
-        yield Finding("expert_parallel", ERROR, "; ".join(problems))
-    elif model is not None and model.is_moe:
-        rollout_ep = run.rollout.ep if run.rollout else "?"
+        suffix = f" ({source})" if source and experts is not None else ""
+        yield Finding("expert_parallel", ERROR, "; ".join(problems) + suffix)
+    elif experts is None:
+        yield Finding(
+            "expert_parallel",
+            SKIPPED,
+            f"skipped the expert split (actor EP {train.ep}, rollout EP {rollout_ep or '?'}): the number of experts "
+            "needs the model's config.json (set MODEL_PATH); world-size divisibility passed",
+        )
+    elif experts:
         yield Finding(
             "expert_parallel",
             OK,
-            f"{model.num_experts} experts: actor EP {train.ep} ({model.num_experts // train.ep}/die), "
-            f"rollout EP {rollout_ep}",
+            f"{experts} experts: actor EP {train.ep} ({experts // train.ep}/die), rollout EP {rollout_ep or '?'} "
+            f"({source})",
         )
     else:
-        yield Finding("expert_parallel", OK, "dense model, no expert parallelism")
+        yield Finding("expert_parallel", OK, f"dense model, no expert parallelism ({source})")
 
 
 def check_batch_sizes(run: Run) -> Iterator[Finding]:
@@ -344,6 +354,7 @@ def check_rollout_engine(run: Run) -> Iterator[Finding]:
 
 def check_context_length(run: Run) -> Iterator[Finding]:
     if run.model is None:
+        yield Finding("context_length", SKIPPED, _no_model(run))
         return
     cfg = run.config
     total = int(cfg.data.max_prompt_length) + int(cfg.data.max_response_length)
@@ -375,6 +386,7 @@ def check_model_config(run: Run) -> Iterator[Finding]:
         return
     model = run.model
     if model is None:
+        yield Finding("model_config", SKIPPED, _no_model(run))
         return
     problems = []
     if model.mtp_layers:
@@ -403,7 +415,7 @@ def check_model_config(run: Run) -> Iterator[Finding]:
         "model_config",
         OK,
         f"{model.model_type}: {model.num_layers} layers, {model.num_experts or 'no'} experts, "
-        f"{model.total_params() / 1e9:.1f} B params, MTP off, no quantization",
+        f"{human_count(model.total_params())} params, MTP off, no quantization",
     )
 
 
@@ -557,7 +569,11 @@ def check_patches(run: Run) -> Iterator[Finding]:
 
 
 def check_memory(run: Run) -> Iterator[Finding]:
-    if run.model is None or run.train is None or run.rollout is None or run.stages is None:
+    if run.model is None:
+        yield Finding("memory", SKIPPED, _no_model(run))
+        return
+    if run.train is None or run.rollout is None or run.stages is None:
+        yield Finding("memory", SKIPPED, "skipped: the layout or pipeline split is invalid (see the errors above)")
         return
     try:
         run.memory = estimate(

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from r1_ascend.launch.smoke_model import SMOKE_STRUCTURE
+
 BF16_BYTES = 2
 
 
@@ -163,3 +165,33 @@ def load_model_info(model_dir: str | Path) -> ModelInfo:
         msg = f"{config_file} lacks {', '.join(missing)}; is it a decoder-only LLM config?"
         raise ModelConfigError(msg)
     return ModelInfo(path, config)
+
+
+#: The models the shipped run configurations are for, with the config.json values the layout checks need, so the
+#: preflight can check them before MODEL_PATH exists (values from the models' published config.json). The smoke
+#: model's attention dimensions depend on ``quickstart --model-dims``, so only its expert count is listed.
+KNOWN_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
+    "grpo_deepseekv3_671b": (
+        "DeepSeek-V3",
+        {
+            "num_hidden_layers": 61,
+            "num_attention_heads": 128,
+            "num_key_value_heads": 128,
+            "kv_lora_rank": 512,
+            "n_routed_experts": 256,
+        },
+    ),
+    "grpo_deepseekv3_smoke": (
+        "DeepSeek-V3 smoke model",
+        {k: SMOKE_STRUCTURE[k] for k in ("num_hidden_layers", "n_routed_experts")},
+    ),
+    "grpo_qwen25_7b": (
+        "Qwen2.5-7B",
+        {"num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4, "n_routed_experts": 0},
+    ),
+}
+
+
+def known_model(config_name: str) -> tuple[str, dict[str, Any]] | None:
+    """``(label, config.json subset)`` of the model a shipped run configuration is for, or None."""
+    return KNOWN_MODELS.get(config_name)

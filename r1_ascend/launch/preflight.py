@@ -2,8 +2,10 @@
 
 Composes the chosen overlay with Hydra (plus ``key=value`` overrides, exactly as the run script passes them) and
 checks cluster size, parallel layouts, batch divisibility, rollout engine settings, model config, data schema,
-checkpoint, patches and a per-die memory estimate. Prints the plan and one line per check; exits 1 on any error.
-Reads files only (no torch, verl or vLLM import), so it answers in about a second on a login node.
+checkpoint, patches and a per-die memory estimate, then runs the stack's own validation on the result: verl's
+``validate_config``, dataclass conversions and reward loader, vLLM's argument checks, Megatron's head rules.
+Prints the plan and one line per check (ok, warn, FAIL, or skip with the reason); exits 1 on any error. Imports no
+torch, verl or vLLM (their config code is loaded from source), so it answers in seconds on a login node.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
-from r1_ascend.launch.checks import CHECKS, ERROR, WARNING, Finding, Run, prepare
+from r1_ascend.launch.checks import CHECKS, ERROR, OK, SKIPPED, WARNING, Finding, Run, prepare
 from r1_ascend.launch.memory import A3_DIE_MEMORY_GB, GIB
 from r1_ascend.launch.overlays import DEFAULT_OVERLAY, OverlayError, compose, overlay_names
+from r1_ascend.launch.units import human_count, plural
 
 #: Environment variables the checks read (docs/environment.md).
 ENV_KEYS = ("NNODES", "NPUS_PER_NODE", "VLLM_DP_SIZE")
@@ -39,10 +42,13 @@ def run_checks(
         device_memory_gb * 1e9,
         full_env=environment,
         check_patches=check_patches,
+        config_name=config_name,
     )
     prepare(run)
+    from r1_ascend.launch.upstream_checks import UPSTREAM_CHECKS
+
     findings: list[Finding] = []
-    for check in CHECKS:
+    for check in (*CHECKS, *UPSTREAM_CHECKS):
         findings.extend(check(run))
     return run, findings
 
@@ -51,7 +57,8 @@ def format_plan(run: Run) -> list[str]:
     cfg = run.config
     lines = ["Plan"]
     lines.append(
-        f"  cluster   {cfg.trainer.nnodes} nodes x {cfg.trainer.n_gpus_per_node} NPUs = {run.world} dies "
+        f"  cluster   {plural(cfg.trainer.nnodes, 'node')} x {plural(cfg.trainer.n_gpus_per_node, 'NPU')} = "
+        f"{plural(run.world, 'die')} "
         f"(device {cfg.trainer.device})"
     )
     model = run.model
@@ -59,7 +66,7 @@ def format_plan(run: Run) -> list[str]:
         experts = f"{model.num_experts} experts, {model.num_dense_layers} dense layers" if model.is_moe else "dense"
         lines.append(
             f"  model     {model.model_type} at {model.path}: {model.num_layers} layers, {experts}, "
-            f"{model.total_params() / 1e9:.1f} B params, max_position_embeddings {model.max_position_embeddings}"
+            f"{human_count(model.total_params())} params, max_position_embeddings {model.max_position_embeddings}"
         )
     train = run.train
     if train is not None:
@@ -101,7 +108,7 @@ def format_memory(run: Run) -> list[str]:
 
 
 def format_findings(findings: Sequence[Finding]) -> list[str]:
-    marks = {ERROR: "FAIL", WARNING: "warn", "ok": "ok  "}
+    marks = {ERROR: "FAIL", WARNING: "warn", OK: "ok  ", SKIPPED: "skip"}
     return ["Checks", *(f"  [{marks[f.level]}] {f.check}: {f.message}" for f in findings)]
 
 
@@ -110,7 +117,9 @@ def _onoff(value: object) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="r1-ascend preflight", description=__doc__)
+    from r1_ascend.cli import plain_help
+
+    parser = argparse.ArgumentParser(prog="r1-ascend preflight", description=plain_help(__doc__))
     parser.add_argument(
         "--config",
         default=os.environ.get("R1_ASCEND_CONFIG", DEFAULT_OVERLAY),

@@ -2,14 +2,16 @@
 
 Stages: prepare the sample data (train + AIME24/AMC/MATH-500 validation parquet), generate a synthetic DeepSeek-V3
 shaped FP8 checkpoint with the smoke model's structure, convert it (FP8 -> BF16 + config fix -> Megatron dist
-checkpoint), preflight the smoke configuration against the outputs and print the exact launch command. Every stage
-is idempotent: a rerun reuses finished outputs. ``scripts/quickstart.sh`` is the entry point that also sets up the
+checkpoint), give it a tokenizer built offline, preflight the smoke configuration against the outputs and print
+the exact launch command, or what is still missing before it can run. Every stage is idempotent: a rerun reuses
+finished outputs. ``scripts/quickstart.sh`` is the entry point that also sets up the
 CPU environment, or starts the cluster run on an Ascend node.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 import time
@@ -62,6 +64,30 @@ def convert(src: Path, out: Path) -> str:
     return f"HF BF16 in {out / 'hf-bf16'}, Megatron dist checkpoint in {out / 'mcore'}"
 
 
+def add_tokenizer(model_dir: Path) -> str:
+    """The synthetic checkpoint's tokenizer (verl loads it first), checked by encoding a real prompt."""
+    from tokenizers import Tokenizer
+
+    from r1_ascend.data.template import render_deepseek_v3
+    from r1_ascend.launch.tiny_tokenizer import TOKENIZER_FILES, write_tiny_tokenizer
+
+    config_file = model_dir / "tokenizer_config.json"
+    # the converter copies the synthetic checkpoint's tokenizer_config.json stub (no chat template): not a tokenizer
+    reused = all((model_dir / name).is_file() for name in TOKENIZER_FILES) and "chat_template" in json.loads(
+        config_file.read_text(encoding="utf-8")
+    )
+    if not reused:
+        write_tiny_tokenizer(model_dir)
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    vocab_limit = int(json.loads((model_dir / "config.json").read_text(encoding="utf-8"))["vocab_size"])
+    ids = tokenizer.encode(render_deepseek_v3([{"role": "user", "content": "What is 1 + 1?"}])).ids
+    if not ids or max(ids) >= vocab_limit:
+        msg = f"the tokenizer in {model_dir} produces ids outside the model's vocabulary ({vocab_limit})"
+        raise RuntimeError(msg)
+    state = "reused" if reused else "wrote"
+    return f"{state} a {tokenizer.get_vocab_size()}-token byte-level tokenizer in {model_dir}"
+
+
 def smoke_paths(out: Path) -> dict[str, str]:
     return {
         "MODEL_PATH": str((out / "weights" / "hf-bf16").resolve()),
@@ -80,15 +106,18 @@ def path_overrides(paths: dict[str, str]) -> list[str]:
     ]
 
 
-def preflight(paths: dict[str, str]) -> tuple[int, str]:
-    from r1_ascend.launch.checks import ERROR
+def preflight(paths: dict[str, str]) -> tuple[list[str], str]:
+    """Run the preflight; returns what still blocks a launch (errors, warnings, skipped checks) and a summary."""
+    from r1_ascend.launch.checks import ERROR, SKIPPED, WARNING
     from r1_ascend.launch.preflight import format_findings, format_memory, format_plan, run_checks
 
     run, findings = run_checks(SMOKE_OVERLAY, path_overrides(paths), env=SMOKE_ENV)
     for line in (*format_plan(run), *format_memory(run), *format_findings(findings)):
         print(f"    {line}")
-    errors = [f for f in findings if f.level == ERROR]
-    return len(errors), f"{len(errors)} error(s), {sum(f.level != 'ok' for f in findings) - len(errors)} warning(s)"
+    counts = {level: sum(f.level == level for f in findings) for level in (ERROR, WARNING, SKIPPED)}
+    blocking = [f"{f.check}: {f.message}" for f in findings if f.level in (ERROR, WARNING, SKIPPED)]
+    summary = f"{counts[ERROR]} error(s), {counts[WARNING]} warning(s), {counts[SKIPPED]} skipped"
+    return blocking, summary
 
 
 def launch_command(paths: dict[str, str]) -> str:
@@ -97,7 +126,9 @@ def launch_command(paths: dict[str, str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="r1-ascend quickstart", description=__doc__)
+    from r1_ascend.cli import plain_help
+
+    parser = argparse.ArgumentParser(prog="r1-ascend quickstart", description=plain_help(__doc__))
     parser.add_argument(
         "--output-dir", type=Path, default=DEFAULT_OUTPUT, help=f"where everything goes (default {DEFAULT_OUTPUT})"
     )
@@ -112,24 +143,27 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
     paths = smoke_paths(out)
     try:
-        _stage(1, 4, "prepare the sample data", lambda: prepare_data(out / "data"))
-        _stage(2, 4, "generate the synthetic FP8 checkpoint", lambda: make_checkpoint(out / "fp8", args.model_dims))
-        _stage(3, 4, "convert weights (FP8 -> BF16 -> Megatron)", lambda: convert(out / "fp8", out / "weights"))
-        result: dict[str, int] = {}
+        _stage(1, 5, "prepare the sample data", lambda: prepare_data(out / "data"))
+        _stage(2, 5, "generate the synthetic FP8 checkpoint", lambda: make_checkpoint(out / "fp8", args.model_dims))
+        _stage(3, 5, "convert weights (FP8 -> BF16 -> Megatron)", lambda: convert(out / "fp8", out / "weights"))
+        model_dir = out / "weights" / "hf-bf16"
+        _stage(4, 5, "add a tokenizer (byte-level BPE, built offline)", lambda: add_tokenizer(model_dir))
+        result: dict[str, list[str]] = {}
 
         def _preflight() -> str:
-            result["errors"], text = preflight(paths)
+            result["blocking"], text = preflight(paths)
             return text
 
-        _stage(4, 4, f"preflight {SMOKE_OVERLAY}", _preflight)
+        _stage(5, 5, f"preflight {SMOKE_OVERLAY}", _preflight)
     except Exception as exc:
         print(f"quickstart: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     total = time.monotonic() - start
-    if result["errors"]:
-        print(
-            f"quickstart: preflight found {result['errors']} error(s) (see above); total {total:.1f} s", file=sys.stderr
-        )
+    if result["blocking"]:
+        print(f"quickstart: the outputs are not ready to launch ({total:.1f} s); still to fix:", file=sys.stderr)
+        for item in result["blocking"]:
+            print(f"  - {item}", file=sys.stderr)
+        print(f"Once fixed, the launch command is: {launch_command(paths)}", file=sys.stderr)
         return 1
     print(f"quickstart: all stages passed in {total:.1f} s. Launch the smoke run on one A3 node (16 dies) with:")
     print(f"  {launch_command(paths)}")

@@ -131,7 +131,9 @@ def wait(args: argparse.Namespace, *, joined_only: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m r1_ascend.launch.ray_cluster", description=__doc__)
+    from r1_ascend.cli import plain_help
+
+    parser = argparse.ArgumentParser(prog="python -m r1_ascend.launch.ray_cluster", description=plain_help(__doc__))
     parser.add_argument("mode", choices=("wait", "joined"))
     parser.add_argument("--address", required=True, help="Ray head address HOST:PORT")
     parser.add_argument("--node-ip", required=True, help="this host's node IP (as passed to ray start)")

