@@ -166,6 +166,9 @@ if [[ "${role}" == head ]]; then
     read -r -a launch_cmd <<< "${R1_ASCEND_LAUNCH_CMD:-bash scripts/run_grpo_deepseekv3_npu.sh}"
     log "launching: ${launch_cmd[*]}"
     export R1_ASCEND_SKIP_PREFLIGHT=1  # already done above, against the same environment
+    # verl's run_ppo calls ray.init() with no address: without RAY_ADDRESS, Ray looks only under its default temp
+    # dir and would start a one-node local cluster instead of joining this one.
+    export RAY_ADDRESS="${ray_address}"
     exec "${launch_cmd[@]}"
 fi
 
