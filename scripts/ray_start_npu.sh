@@ -154,7 +154,15 @@ if [[ "${role}" == head ]]; then
     if [[ "${RAY_DASHBOARD:-0}" == "1" ]]; then
         dashboard=(--include-dashboard=true --dashboard-host="${node_ip}" --dashboard-port="${RAY_DASHBOARD_PORT:-8260}")
     fi
+    log_lines="$(wc -l < "${ray_log}" 2>/dev/null || echo 0)"
     start_ray --head --port="${ray_port}" --temp-dir="${temp_dir}" "${dashboard[@]}"
+    # Connect only once this node's raylet is up: a driver connecting earlier finds no local raylet and can hang.
+    head_deadline=$(( $(date +%s) + ${RAY_WAIT_TIMEOUT:-1800} ))
+    until tail -n "+$(( log_lines + 1 ))" "${ray_log}" 2>/dev/null | grep -q "Ray runtime started"; do
+        kill -0 "$(cat "${pidfile}")" 2>/dev/null || die "ray start --head exited; see ${ray_log}"
+        (( $(date +%s) < head_deadline )) || die "the Ray head did not start within ${RAY_WAIT_TIMEOUT:-1800} s; see ${ray_log}"
+        sleep 1
+    done
     log "started Ray head (pid $(cat "${pidfile}"), log ${ray_log}); waiting for ${NNODES} x ${NPUS_PER_NODE} NPUs" \
         "(timeout ${RAY_WAIT_TIMEOUT:-1800} s)"
     if ! "${python_bin}" -m r1_ascend.launch.ray_cluster wait --address "${ray_address}" --node-ip "${node_ip}" \

@@ -82,6 +82,7 @@ def overrides(plan: Plan, inputs: Inputs, out: Path, repo_root: Path) -> list[st
         # Ray: the device stand-ins after the overlay's prelude in every worker; the lifecycle record directory
         f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES={STANDINS_MODULE}",
         f"+ray_kwargs.ray_init.runtime_env.env_vars.R1_ASCEND_REHEARSE_DIR={out / 'lifecycle'}",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.TENSORBOARD_DIR={out / 'tensorboard'}",
         "+ray_kwargs.ray_init.runtime_env.env_vars.RAY_DEDUP_LOGS='0'",
     ]
 

@@ -1,0 +1,90 @@
+"""``r1-ascend rehearse``: the project's integration test (the whole run on CPU), plus its lifecycle checks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from r1_ascend.rehearse.lifecycle import (
+    CYCLE,
+    REQUIRED_PATCHES,
+    LifecycleError,
+    check_lifecycle,
+    check_preludes,
+    check_sequence,
+)
+
+
+def _events(pid: int, names: list[str]) -> list[dict]:
+    return [{"t": float(i), "pid": pid, "event": name} for i, name in enumerate(names)]
+
+
+def test_whole_cycles_pass_and_count_generations() -> None:
+    assert check_sequence(["release", *CYCLE, *CYCLE], complete=True) == 2
+
+
+@given(st.permutations(CYCLE))
+def test_any_other_order_fails(order: list[str]) -> None:
+    sequence = ["release", *order]
+    if tuple(order) == CYCLE:
+        assert check_sequence(sequence, complete=True) == 1
+    else:
+        with pytest.raises(LifecycleError, match="expected"):
+            check_sequence(sequence, complete=True)
+
+
+@given(st.integers(min_value=0, max_value=len(CYCLE) - 1))
+def test_a_killed_worker_may_stop_mid_cycle_a_finished_one_may_not(cut: int) -> None:
+    sequence = ["release", *CYCLE, *CYCLE[:cut]]
+    assert check_sequence(sequence, complete=False) == 1 + ("generate" in CYCLE[:cut])
+    if cut:
+        with pytest.raises(LifecycleError, match="stops inside a cycle"):
+            check_sequence(sequence, complete=True)
+
+
+def test_missing_first_release_fails() -> None:
+    with pytest.raises(LifecycleError, match="released right after it is built"):
+        check_lifecycle(_events(7, list(CYCLE)), killed_pids=set())
+
+
+def test_preludes_must_name_every_required_patch() -> None:
+    events = _events(11, ["release"])
+    good = f"(WorkerDict pid=11) r1-ascend overlay (pid 11): applied={','.join(REQUIRED_PATCHES)} already=none"
+    assert "1 workers" in check_preludes([good], events)
+    partial = f"r1-ascend overlay (pid 11): applied={REQUIRED_PATCHES[0]} already=none disabled=none"
+    with pytest.raises(LifecycleError, match="did not apply"):
+        check_preludes([partial], events)
+    with pytest.raises(LifecycleError, match="logged no"):
+        check_preludes([""], events)
+
+
+@pytest.mark.slow
+def test_rehearsal_runs_kills_resumes_and_reports(tmp_path: Path) -> None:
+    out = tmp_path / "rehearse"
+    done = subprocess.run(
+        [sys.executable, "-m", "r1_ascend.cli", "rehearse", "--output-dir", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["npus_seen"] == 2
+    assert summary["nodes_joined"] == "127.0.0.2 (1 NPU), 127.0.0.3 (1 NPU)"
+    assert summary["resumed_from_step"] == 2
+    assert summary["killed_in_step"] == 3
+    assert summary["steps_run"]["run 2 (resumed)"] == [3, 4]
+    assert Path(summary["report"]).is_file()
+    assert "resumed from step: 2" in done.stdout
+    left = subprocess.run(["pgrep", "-f", summary["ray_temp_dir"]], capture_output=True, text=True, check=False)
+    assert left.stdout.split() == [], f"processes left under {summary['ray_temp_dir']}"
+    if summary["netns"]:
+        names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
+        assert summary["netns"] not in names
