@@ -154,7 +154,10 @@ if [[ "${role}" == head ]]; then
     if [[ "${RAY_DASHBOARD:-0}" == "1" ]]; then
         dashboard=(--include-dashboard=true --dashboard-host="${node_ip}" --dashboard-port="${RAY_DASHBOARD_PORT:-8260}")
     fi
-    log_lines="$(wc -l < "${ray_log}" 2>/dev/null || echo 0)"
+    log_lines=0
+    if [[ -f "${ray_log}" ]]; then
+        log_lines="$(wc -l < "${ray_log}")"
+    fi
     start_ray --head --port="${ray_port}" --temp-dir="${temp_dir}" "${dashboard[@]}"
     # Connect only once this node's raylet is up: a driver connecting earlier finds no local raylet and can hang.
     head_deadline=$(( $(date +%s) + ${RAY_WAIT_TIMEOUT:-1800} ))
