@@ -3,7 +3,8 @@
 A sampler thread reads, every half second, the RSS of this process, all its descendants, and every process whose
 command line names the rehearsal's Ray temp dir (Ray's node processes are detached from this process tree by
 ``ray start``); the peak of each process is kept, and the budget figure is the sum of those peaks (an upper
-bound of the true joint peak).
+bound of the joint peak, counting the processes of the killed run and of the resumed run as if they coexisted).
+The largest total RSS seen in one sample (processes alive together) is kept as well.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ class RssSampler:
         self.interval = interval
         self.peaks: dict[tuple[int, float], int] = {}  # (pid, create_time) -> peak RSS bytes
         self.markers: list[str] = []
+        self.concurrent_peak = 0  # largest sum of RSS over the processes alive in one sample
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
 
@@ -38,6 +40,7 @@ class RssSampler:
         return list(found.values())
 
     def sample(self) -> None:
+        total = 0
         for proc in self._processes():
             try:
                 key = (proc.pid, proc.create_time())
@@ -45,6 +48,8 @@ class RssSampler:
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
             self.peaks[key] = max(self.peaks.get(key, 0), rss)
+            total += rss
+        self.concurrent_peak = max(self.concurrent_peak, total)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):

@@ -272,10 +272,29 @@ def summarise(out: Path, logs: list[Path], plan: Plan, killed_step: int) -> dict
     }
 
 
+#: A Ray log-forwarding prefix naming a node IP, e.g. "(WorkerDict pid=12, ip=127.0.0.3)", colour codes optional.
+FORWARDED_WITH_IP = re.compile(r"^(?:\x1b\[\d+m)?\([^()]*\bpid=\d+, ip=[^()]*\)")
+
+
+def single_copy(log: Path) -> Path:
+    """The driver log with each forwarded worker line once.
+
+    The simulated nodes share one host and therefore one Ray session directory, so the log monitor of every node
+    forwards every worker line: once plain and once tagged with a node IP. On a real cluster each line arrives once.
+    """
+    kept = [line for line in _text(log).splitlines(keepends=True) if not FORWARDED_WITH_IP.match(line)]
+    target = log.with_suffix(".console.log")
+    target.write_text("".join(kept))
+    return target
+
+
 def run_report(out: Path, logs: list[Path]) -> Path:
     report_dir = out / "report"
+    logs = [single_copy(log) for log in logs]
     cmd = [sys.executable, "-m", "r1_ascend.cli", "report", *map(str, logs), str(out / "tensorboard")]
-    done = subprocess.run([*cmd, "--out", str(report_dir)], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [*cmd, "--out", str(report_dir), "--name", "rehearsal"], capture_output=True, text=True, check=False
+    )
     (out / "report.log").write_text(done.stdout + done.stderr)
     if done.returncode != 0 or not (report_dir / "report.md").is_file():
         raise RehearsalError(f"r1-ascend report failed ({done.returncode}); log: {out / 'report.log'}")
@@ -342,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     summary["wall_s"] = round(time.monotonic() - start, 1)
     summary["peak_rss_gib"] = round(sampler.summed_peak_bytes() / 1024**3, 2)
+    summary["concurrent_peak_rss_gib"] = round(sampler.concurrent_peak / 1024**3, 2)
     summary["processes_sampled"] = sampler.process_count()
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print_summary(summary)
@@ -361,8 +381,9 @@ def print_summary(summary: dict[str, object]) -> None:
     print(f"  overlay preludes:  {summary['preludes']}")
     print(f"  report:            {summary['report']}")
     print(
-        f"  wall time:         {summary['wall_s']} s; summed peak RSS {summary['peak_rss_gib']} GiB "
-        f"over {summary['processes_sampled']} processes"
+        f"  wall time:         {summary['wall_s']} s; summed peak RSS {summary['peak_rss_gib']} GiB over "
+        f"{summary['processes_sampled']} processes (largest total at one moment: "
+        f"{summary['concurrent_peak_rss_gib']} GiB)"
     )
 
 
