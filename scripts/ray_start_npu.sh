@@ -160,10 +160,10 @@ if [[ "${role}" == head ]]; then
     fi
     start_ray --head --port="${ray_port}" --temp-dir="${temp_dir}" "${dashboard[@]}"
     # Connect only once this node's raylet is up: a driver connecting earlier finds no local raylet and can hang.
-    head_deadline=$(( $(date +%s) + ${RAY_WAIT_TIMEOUT:-1800} ))
+    head_deadline=$(( $(date +%s) + ${RAY_HEAD_START_TIMEOUT:-300} ))
     until tail -n "+$(( log_lines + 1 ))" "${ray_log}" 2>/dev/null | grep -q "Ray runtime started"; do
         kill -0 "$(cat "${pidfile}")" 2>/dev/null || die "ray start --head exited; see ${ray_log}"
-        (( $(date +%s) < head_deadline )) || die "the Ray head did not start within ${RAY_WAIT_TIMEOUT:-1800} s; see ${ray_log}"
+        (( $(date +%s) < head_deadline )) || die "the Ray head did not start within ${RAY_HEAD_START_TIMEOUT:-300} s; see ${ray_log}"
         sleep 1
     done
     log "started Ray head (pid $(cat "${pidfile}"), log ${ray_log}); waiting for ${NNODES} x ${NPUS_PER_NODE} NPUs" \
