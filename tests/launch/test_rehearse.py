@@ -88,3 +88,34 @@ def test_rehearsal_runs_kills_resumes_and_reports(tmp_path: Path) -> None:
     if summary["netns"]:
         names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
         assert summary["netns"] not in names
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_everything_it_started(tmp_path: Path) -> None:
+    """SIGINT once run 1 is under way: exit 130, no process left under its Ray temp dir, namespace deleted."""
+    import re
+    import signal
+    import time
+
+    out = tmp_path / "rehearse"
+    cmd = [sys.executable, "-m", "r1_ascend.cli", "rehearse", "--output-dir", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    seen = ""
+    deadline = time.monotonic() + 900
+    for line in proc.stdout:
+        seen += line
+        if "run 1: the head runs the recipe entry point" in line or time.monotonic() > deadline:
+            break
+    cluster = re.search(r"on (?:network namespace (\S+)|the host's loopback).*Ray temp dir (\S+)", seen)
+    assert cluster, seen
+    netns, temp_dir = cluster.groups()
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 130, seen + rest
+    assert "everything it started has been stopped" in rest
+    left = subprocess.run(["pgrep", "-f", temp_dir], capture_output=True, text=True, check=False)
+    assert left.stdout.split() == [], f"processes left under {temp_dir}"
+    if netns:
+        names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
+        assert netns not in names
