@@ -119,3 +119,31 @@ def test_ctrl_c_stops_everything_it_started(tmp_path: Path) -> None:
     if netns:
         names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
         assert netns not in names
+
+
+def test_rehearsal_config_composes_and_passes_the_recipe_checks(tmp_path: Path) -> None:
+    """The derived config is the smoke config plus overrides that Hydra accepts and the recipe does not refuse."""
+    from hydra import compose, initialize_config_dir
+
+    from r1_ascend.patches import apply_one, restore_all, spec_by_name
+    from r1_ascend.recipe.checks import check_recipe_config
+    from r1_ascend.recipe.main_grpo import CONFIG_DIR, prepare_config
+    from r1_ascend.rehearse.config import CONFIG_NAME, Plan, overrides
+    from r1_ascend.rehearse.inputs import Inputs
+
+    plan = Plan()
+    inputs = Inputs(tmp_path / "model", tmp_path / "data")
+    with initialize_config_dir(CONFIG_DIR, version_base=None):
+        config = compose(CONFIG_NAME, overrides=overrides(plan, inputs, tmp_path, Path.cwd()))
+    assert config.trainer.nnodes * config.trainer.n_gpus_per_node == plan.world
+    assert config.actor_rollout_ref.rollout.tensor_model_parallel_size == plan.world
+    assert config.trainer.resume_mode == "auto"
+    assert config.trainer.save_freq < config.trainer.total_training_steps
+    apply_one(spec_by_name("vllm_rollout_offload"))
+    try:
+        prepare_config(config)
+        assert check_recipe_config(config, environ={}) == []
+    finally:
+        restore_all()
+    modules = config.ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES.split(",")
+    assert modules == ["r1_ascend.patches.prelude", "r1_ascend.rehearse.standins"]
