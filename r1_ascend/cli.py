@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "convert-weights": ("r1_ascend.weights.cli", "FP8->BF16, config fix and HF->Megatron conversion"),
     "preflight": ("r1_ascend.launch.preflight", "check a run configuration before taking the cluster"),
     "report": ("r1_ascend.report.cli", "timing table, curves and run comparison from verl logs"),
+    "rehearse": ("r1_ascend.rehearse.run", "the whole run on one CPU machine: Ray nodes, verl loop, kill, resume"),
 }
 
 

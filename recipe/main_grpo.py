@@ -17,6 +17,7 @@ from omegaconf import OmegaConf, open_dict
 from verl.trainer.main_ppo import TaskRunner, run_ppo
 
 import r1_ascend.patches.prelude  # noqa: F401 - applies the overlay before any verl object is built or used
+from r1_ascend.launch.driver_address import check_driver_can_join
 from r1_ascend.recipe.checks import check_recipe_config
 from r1_ascend.recipe.runtime_env import add_overlay_to_config
 
@@ -71,6 +72,8 @@ def run(config: Any) -> None:
 
     prepare_config(config)
     raise_on_problems(check_recipe_config(config))
+    if not ray.is_initialized():
+        check_driver_can_join()  # run_ppo's bare ray.init() would otherwise start a local cluster
     run_ppo(config, task_runner_class=ray.remote(num_cpus=1)(R1AscendTaskRunner))
 
 

@@ -6,6 +6,9 @@
 # On a machine without NPUs it runs the whole chain end to end on the shipped sample and a tiny model: CPU
 # environment (.venv, idempotent), data preparation, synthetic checkpoint + conversion, preflight of the smoke
 # configuration, and prints the exact launch command. Outputs go to QUICKSTART_DIR (default outputs/quickstart).
+# Then it rehearses the whole run (`r1-ascend rehearse`: two simulated Ray nodes, verl's trainer loop, a kill in
+# the middle of a step, resume, report) into REHEARSE_DIR (default outputs/rehearse); R1_ASCEND_SKIP_REHEARSAL=1
+# skips that part.
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,4 +25,8 @@ echo "quickstart: [setup] CPU environment (scripts/setup_cpu_env.sh)"
 bash scripts/setup_cpu_env.sh
 venv="${VENV:-.venv}"
 "${venv}/bin/python" -m r1_ascend.cli quickstart --output-dir "${QUICKSTART_DIR:-outputs/quickstart}" "$@"
+if [[ "${R1_ASCEND_SKIP_REHEARSAL:-0}" != "1" ]]; then
+    echo "quickstart: [rehearse] the whole run on this machine: Ray nodes, verl's loop, kill, resume, report"
+    "${venv}/bin/python" -m r1_ascend.cli rehearse --output-dir "${REHEARSE_DIR:-outputs/rehearse}"
+fi
 echo "quickstart: total $(( $(date +%s) - start )) s"

@@ -154,7 +154,18 @@ if [[ "${role}" == head ]]; then
     if [[ "${RAY_DASHBOARD:-0}" == "1" ]]; then
         dashboard=(--include-dashboard=true --dashboard-host="${node_ip}" --dashboard-port="${RAY_DASHBOARD_PORT:-8260}")
     fi
+    log_lines=0
+    if [[ -f "${ray_log}" ]]; then
+        log_lines="$(wc -l < "${ray_log}")"
+    fi
     start_ray --head --port="${ray_port}" --temp-dir="${temp_dir}" "${dashboard[@]}"
+    # Connect only once this node's raylet is up: a driver connecting earlier finds no local raylet and can hang.
+    head_deadline=$(( $(date +%s) + ${RAY_HEAD_START_TIMEOUT:-300} ))
+    until tail -n "+$(( log_lines + 1 ))" "${ray_log}" 2>/dev/null | grep -q "Ray runtime started"; do
+        kill -0 "$(cat "${pidfile}")" 2>/dev/null || die "ray start --head exited; see ${ray_log}"
+        (( $(date +%s) < head_deadline )) || die "the Ray head did not start within ${RAY_HEAD_START_TIMEOUT:-300} s; see ${ray_log}"
+        sleep 1
+    done
     log "started Ray head (pid $(cat "${pidfile}"), log ${ray_log}); waiting for ${NNODES} x ${NPUS_PER_NODE} NPUs" \
         "(timeout ${RAY_WAIT_TIMEOUT:-1800} s)"
     if ! "${python_bin}" -m r1_ascend.launch.ray_cluster wait --address "${ray_address}" --node-ip "${node_ip}" \
@@ -166,6 +177,9 @@ if [[ "${role}" == head ]]; then
     read -r -a launch_cmd <<< "${R1_ASCEND_LAUNCH_CMD:-bash scripts/run_grpo_deepseekv3_npu.sh}"
     log "launching: ${launch_cmd[*]}"
     export R1_ASCEND_SKIP_PREFLIGHT=1  # already done above, against the same environment
+    # verl's run_ppo calls ray.init() with no address: without RAY_ADDRESS, Ray looks only under its default temp
+    # dir and would start a one-node local cluster instead of joining this one.
+    export RAY_ADDRESS="${ray_address}"
     exec "${launch_cmd[@]}"
 fi
 

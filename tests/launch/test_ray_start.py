@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import json
 import os
 import socket
 import subprocess
@@ -29,6 +30,28 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "ray_start_npu.sh"
 VENV_BIN = Path(sys.executable).parent
 HEAD_IP, WORKER_IP = "127.0.0.2", "127.0.0.3"
+
+#: The launched "training": the driver check of the recipe entry point, then ray.init() exactly as verl 0.6.1's
+#: run_ppo calls it (no address; kwargs from verl's own config defaults and runtime env), then what it sees.
+DRIVER = """
+import json, os
+import ray
+from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
+from r1_ascend.launch.driver_address import check_driver_can_join
+
+check_driver_can_join()
+ray.init(num_cpus=None, runtime_env=get_ppo_ray_runtime_env())
+alive = [n for n in ray.nodes() if n["Alive"]]
+seen = {{
+    "nodes": sorted(n["NodeManagerAddress"] for n in alive),
+    "npus": ray.cluster_resources().get("NPU", 0.0),
+    "dp": os.environ.get("VLLM_DP_SIZE"),
+    "master": os.environ.get("MASTER_ADDR"),
+}}
+ray.shutdown()
+with open({marker!r}, "w") as f:
+    json.dump(seen, f)
+"""
 
 pytestmark = pytest.mark.slow
 
@@ -67,7 +90,9 @@ def cluster_env(tmp_path):
     temp_dirs = {"head": f"/tmp/r1rt-{tag}", "worker": f"/tmp/r1rt-{tag}"}  # workers use the head's temp dir
     marker = tmp_path / "launched.txt"
     launch = tmp_path / "launch.sh"
-    launch.write_text(f'#!/usr/bin/env bash\necho "$VLLM_DP_SIZE $MASTER_ADDR" > {marker}\n')
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER.format(marker=str(marker)))
+    launch.write_text(f'#!/usr/bin/env bash\nset -euo pipefail\n"{VENV_BIN / "python"}" {driver}\n')
     base = {
         **os.environ,
         "PATH": f"{VENV_BIN}:{os.environ['PATH']}",
@@ -83,6 +108,7 @@ def cluster_env(tmp_path):
         "R1_ASCEND_LAUNCH_CMD": f"bash {launch}",
         "RAY_REPORT_EVERY": "2",
         "RAY_USAGE_STATS_ENABLED": "0",
+        "PYTHONPATH": str(REPO / "tests" / "sitecustomize_npu"),  # the driver imports verl: torch_npu stub
     }
     base.pop("VLLM_DP_SIZE", None)
     envs = {
@@ -185,7 +211,11 @@ def test_head_waits_for_all_npus_then_launches(cluster_env, netns):
     assert "role head" in text
     assert "role worker" in worker.stdout
     assert f"{HEAD_IP} (16 NPU), {WORKER_IP} (16 NPU)" in text  # both nodes seen through ray.nodes()
-    assert marker.read_text().split() == ["16", HEAD_IP]  # VLLM_DP_SIZE = 2 x 16 / 2, exported to the launch
+    seen = json.loads(marker.read_text())
+    # The launched driver's bare ray.init() joined the assembled cluster: both nodes, all their NPUs.
+    assert seen["nodes"] == [HEAD_IP, WORKER_IP], seen
+    assert seen["npus"] == 32.0, seen
+    assert (seen["dp"], seen["master"]) == ("16", HEAD_IP)  # VLLM_DP_SIZE = 2 x 16 / 2, exported to the launch
 
     pids = [p for temp in temp_dirs.values() for p in _pids_under(temp)]
     assert pids, "no Ray processes found under the test's temp dirs"

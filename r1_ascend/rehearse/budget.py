@@ -1,0 +1,70 @@
+"""Wall time and memory of the rehearsal: the summed peak RSS of every process it started.
+
+A sampler thread reads, every half second, the RSS of this process, all its descendants, and every process whose
+command line names the rehearsal's Ray temp dir (Ray's node processes are detached from this process tree by
+``ray start``); the peak of each process is kept, and the budget figure is the sum of those peaks (an upper
+bound of the joint peak, counting the processes of the killed run and of the resumed run as if they coexisted).
+The largest total RSS seen in one sample (processes alive together) is kept as well.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import TracebackType
+
+import psutil
+
+
+class RssSampler:
+    def __init__(self, interval: float = 0.5) -> None:
+        self.interval = interval
+        self.peaks: dict[tuple[int, float], int] = {}  # (pid, create_time) -> peak RSS bytes
+        self.markers: list[str] = []
+        self.concurrent_peak = 0  # largest sum of RSS over the processes alive in one sample
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+
+    def watch_cmdline(self, marker: str) -> None:
+        self.markers.append(marker)
+
+    def _processes(self) -> list[psutil.Process]:
+        me = psutil.Process()
+        found = {p.pid: p for p in [me, *me.children(recursive=True)]}
+        if self.markers:
+            for proc in psutil.process_iter(["pid", "cmdline"]):
+                cmdline = " ".join(proc.info.get("cmdline") or [])
+                if any(marker in cmdline for marker in self.markers) and proc.pid not in found:
+                    found[proc.pid] = proc
+                    for child in proc.children(recursive=True):
+                        found.setdefault(child.pid, child)
+        return list(found.values())
+
+    def sample(self) -> None:
+        total = 0
+        for proc in self._processes():
+            try:
+                key = (proc.pid, proc.create_time())
+                rss = proc.memory_info().rss
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+            self.peaks[key] = max(self.peaks.get(key, 0), rss)
+            total += rss
+        self.concurrent_peak = max(self.concurrent_peak, total)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def summed_peak_bytes(self) -> int:
+        return sum(self.peaks.values())
+
+    def process_count(self) -> int:
+        return len(self.peaks)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None):
+        self._stop.set()
+        self._thread.join(5)

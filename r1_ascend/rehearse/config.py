@@ -1,0 +1,99 @@
+"""The rehearsal's run configuration: the smoke config (grpo_deepseekv3_smoke) with a few overrides, built here only.
+
+Every difference from the smoke config is listed in :func:`overrides` with its reason; extend the rehearsal by
+adding to that list (e.g. a guard's ``+r1_ascend.<key>=...`` switch or ``actor_rollout_ref.rollout.*`` options).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from r1_ascend.rehearse.inputs import Inputs
+
+CONFIG_NAME = "grpo_deepseekv3_smoke"
+STANDINS_MODULE = "r1_ascend.rehearse.standins"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the rehearsal runs: cluster shape and schedule (checkpoint every ``save_freq`` steps)."""
+
+    nodes: int = 2
+    npus_per_node: int = 1
+    total_steps: int = 4
+    save_freq: int = 2
+    test_freq: int = 2
+    prompts_per_step: int = 4
+    samples_per_prompt: int = 2
+    response_length: int = 24
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.npus_per_node
+
+
+def overrides(plan: Plan, inputs: Inputs, out: Path, repo_root: Path) -> list[str]:
+    """Hydra overrides on top of the smoke config (each line: what and why)."""
+    world = plan.world
+    return [
+        # inputs made by the rehearsal (a tokenizer-bearing model dir; parquet from prepare-data)
+        f"actor_rollout_ref.model.path={inputs.model}",
+        f"data.train_files={inputs.train}",
+        f"data.val_files={inputs.val}",
+        f"custom_reward_function.path={repo_root / 'recipe' / 'deepscaler_reward.py'}",
+        # cluster: NODES x NPUS_PER_NODE fake NPUs instead of one 16-die node
+        f"trainer.nnodes={plan.nodes}",
+        f"trainer.n_gpus_per_node={plan.npus_per_node}",
+        # layouts that fit the small world: actor DP = world; rollout TP = world (one vLLM DP group, so the DP/EP
+        # groups patch exports VLLM_DP_SIZE=1 and builds no HCCL groups)
+        "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=1",
+        "actor_rollout_ref.actor.megatron.expert_model_parallel_size=1",
+        "~actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_first_pipeline_stage",
+        "~actor_rollout_ref.actor.megatron.override_transformer_config.pipeline_num_transformer_layers",
+        f"actor_rollout_ref.rollout.tensor_model_parallel_size={world}",
+        # no Megatron checkpoint to load: the stand-in policy starts from a seeded init (same in actor and ref)
+        "actor_rollout_ref.actor.load_weight=false",
+        "actor_rollout_ref.ref.load_weight=false",
+        "actor_rollout_ref.actor.megatron.use_dist_checkpointing=false",
+        "actor_rollout_ref.ref.megatron.use_dist_checkpointing=false",
+        # host offload moves Megatron DDP buffers that the stand-in model does not have
+        "actor_rollout_ref.actor.megatron.param_offload=false",
+        "actor_rollout_ref.actor.megatron.grad_offload=false",
+        "actor_rollout_ref.ref.megatron.param_offload=false",
+        # minutes, not hours: a small batch, short responses, a few steps
+        f"data.train_batch_size={plan.prompts_per_step}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={plan.prompts_per_step}",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+        f"actor_rollout_ref.rollout.n={plan.samples_per_prompt}",
+        f"data.max_response_length={plan.response_length}",
+        "data.val_max_samples=4",
+        "data.dataloader_num_workers=0",
+        f"actor_rollout_ref.actor.megatron.override_transformer_config.seq_length={512 + plan.response_length}",
+        f"trainer.total_training_steps={plan.total_steps}",
+        f"trainer.save_freq={plan.save_freq}",
+        f"trainer.test_freq={plan.test_freq}",
+        "trainer.val_before_train=false",
+        "trainer.resume_mode=auto",
+        f"trainer.max_actor_ckpt_to_keep={plan.total_steps}",
+        f"trainer.default_local_dir={out / 'checkpoints'}",
+        # Ray: the device stand-ins after the overlay's prelude in every worker; the lifecycle record directory
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES={STANDINS_MODULE}",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.R1_ASCEND_REHEARSE_DIR={out / 'lifecycle'}",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.TENSORBOARD_DIR={out / 'tensorboard'}",
+        "+ray_kwargs.ray_init.runtime_env.env_vars.RAY_DEDUP_LOGS='0'",
+    ]
+
+
+def driver_command(python: str, plan: Plan, inputs: Inputs, out: Path, repo_root: Path) -> list[str]:
+    """The recipe's real entry point, as scripts/run_grpo_smoke_npu.sh runs it."""
+    return [
+        python,
+        "-m",
+        "r1_ascend.recipe.main_grpo",
+        "--config-name",
+        CONFIG_NAME,
+        *overrides(plan, inputs, out, repo_root),
+    ]

@@ -1,0 +1,391 @@
+"""``r1-ascend rehearse``: the whole run on one CPU machine, then kill it mid-step, resume it, and report on it.
+
+1. inputs: a model directory and parquet from ``r1-ascend prepare-data`` (r1_ascend.rehearse.inputs);
+2. cluster: ``scripts/ray_start_npu.sh`` on NODES loopback addresses (127.0.0.2, 127.0.0.3, ...), in a network
+   namespace of their own when one can be made, each node advertising NPUS_PER_NODE fake ``NPU`` resources;
+3. run 1: the head execs the recipe's real entry point (verl's run_ppo -> TaskRunner -> RayPPOTrainer.fit); once
+   the first checkpoint is saved and the next step has started generating, the driver is killed (SIGKILL);
+4. run 2: the same driver command on the same cluster; verl resumes from the checkpoint (resume_mode=auto);
+5. checks: the rollout lifecycle order on every worker, the overlay prelude's summary line of every worker, the
+   checkpoint layout, the resume step, TensorBoard events; then ``r1-ascend report`` on both logs.
+
+Every process it starts is recorded and stopped by pid (Ctrl-C included): drivers directly, the Ray nodes through
+``ray_start_npu.sh stop`` (the pids that script recorded). Wall time and the summed peak RSS of all its processes
+are measured (r1_ascend.rehearse.budget) and printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from r1_ascend.rehearse.budget import RssSampler
+from r1_ascend.rehearse.config import Plan, driver_command
+from r1_ascend.rehearse.inputs import make_inputs
+from r1_ascend.rehearse.lifecycle import LifecycleError, check_lifecycle, check_preludes, read_lifecycle
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "ray_start_npu.sh"
+SITE = Path(__file__).resolve().parent / "site"
+DEFAULT_OUT = Path("outputs/rehearse")
+
+
+class RehearsalError(RuntimeError):
+    """A stage of the rehearsal failed; the message says which and where its log is."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _log(message: str) -> None:
+    print(f"[rehearse {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+@dataclass
+class Cluster:
+    """The simulated nodes: their environments, the namespace prefix, and what was started."""
+
+    out: Path
+    plan: Plan
+    prefix: list[str]
+    netns: str | None
+    envs: list[dict[str, str]] = field(default_factory=list)
+    temp_dir: str = ""
+    drivers: list[subprocess.Popen] = field(default_factory=list)
+
+    @property
+    def head_ip(self) -> str:
+        return "127.0.0.2"
+
+    def address(self) -> str:
+        return f"{self.head_ip}:{self.envs[0]['RAY_PORT']}"
+
+
+def make_netns() -> tuple[list[str], str | None]:
+    """A loopback-only network namespace (prefix, name), or ([], None) where none can be made."""
+    if shutil.which("ip") is None:
+        return [], None
+    name = f"r1rh-{uuid.uuid4().hex[:8]}"
+    if subprocess.run(["ip", "netns", "add", name], capture_output=True, check=False).returncode != 0:
+        return [], None
+    prefix = ["ip", "netns", "exec", name]
+    subprocess.run([*prefix, "ip", "link", "set", "lo", "up"], check=True, capture_output=True)
+    return prefix, name
+
+
+def node_envs(out: Path, plan: Plan, launch: Path) -> tuple[list[dict[str, str]], str]:
+    """The environment of ``ray_start_npu.sh`` on each node (head first)."""
+    ray_wrapper = out / "bin" / "ray"  # Ray of this interpreter (console scripts may point at another venv)
+    ray_wrapper.parent.mkdir(parents=True, exist_ok=True)
+    ray_wrapper.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m ray.scripts.scripts "$@"\n')
+    ray_wrapper.chmod(0o755)
+    temp_dir = f"/tmp/r1rh-{uuid.uuid4().hex[:8]}"  # short: Ray's socket paths must stay under 108 bytes
+    port = _free_port()
+    base = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+        "PYTHON": sys.executable,
+        "RAY": str(ray_wrapper),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(SITE), os.environ.get("PYTHONPATH", "")])),
+        "NNODES": str(plan.nodes),
+        "NPUS_PER_NODE": str(plan.npus_per_node),
+        "ROLLOUT_TP": str(plan.world),
+        "MASTER_ADDR": "127.0.0.2",
+        "RAY_PORT": str(port),
+        "RAY_NUM_CPUS": "2",
+        "RAY_TEMP_DIR": temp_dir,
+        "RAY_WAIT_TIMEOUT": "180",
+        "RAY_JOIN_TIMEOUT": "180",
+        "RAY_REPORT_EVERY": "10",
+        "RAY_DEDUP_LOGS": "0",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "R1_ASCEND_PREFLIGHT_CMD": "",
+        "R1_ASCEND_LAUNCH_CMD": f"bash {launch}",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    for key in ("VLLM_DP_SIZE", "RAY_ADDRESS", "NODE_IPS", "SOCKET_IFNAME", "HCCL_SOCKET_IFNAME"):
+        base.pop(key, None)
+    envs = []
+    for index in range(plan.nodes):
+        ip = f"127.0.0.{index + 2}"
+        extra = f"--object-store-memory=120000000 --dashboard-agent-listen-port={_free_port()}"
+        if index == 0:
+            extra += f" --ray-client-server-port={_free_port()}"
+        envs.append(
+            {**base, "NODE_IP": ip, "R1_ASCEND_RUN_DIR": str(out / "nodes" / ip), "RAY_START_EXTRA_ARGS": extra}
+        )
+    return envs, temp_dir
+
+
+def _wait_for(predicate, what: str, timeout: float, alive: subprocess.Popen | None = None, log: Path | None = None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = predicate()
+        if result:
+            return result
+        if alive is not None and alive.poll() is not None:
+            raise RehearsalError(f"{what}: the process exited with {alive.returncode} first; log: {log}")
+        time.sleep(0.5)
+    raise RehearsalError(f"{what}: not reached within {timeout:g} s; log: {log}")
+
+
+def _text(path: Path) -> str:
+    return path.read_text(errors="replace") if path.is_file() else ""
+
+
+def start_cluster(cluster: Cluster, head_log: Path) -> subprocess.Popen:
+    """Start the head (which will exec the driver once every node joined), then the other nodes."""
+    head_env = cluster.envs[0]
+    with head_log.open("w") as log:
+        head = subprocess.Popen([*cluster.prefix, "bash", str(SCRIPT)], env=head_env, stdout=log, stderr=log)
+    cluster.drivers.append(head)  # after the exec, this pid is the driver of run 1
+    ray_log = Path(head_env["R1_ASCEND_RUN_DIR"]) / f"ray-head-{cluster.head_ip}.log"
+    _wait_for(lambda: "Ray runtime started" in _text(ray_log), "the Ray head to start", 180, head, head_log)
+    for env in cluster.envs[1:]:
+        done = subprocess.run(
+            [*cluster.prefix, "bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=240, check=False
+        )
+        (Path(env["R1_ASCEND_RUN_DIR"]) / "start.log").write_text(done.stdout + done.stderr)
+        if done.returncode != 0:
+            raise RehearsalError(f"node {env['NODE_IP']} did not join: {done.stderr.strip()[-1500:]}")
+    return head
+
+
+def stop_cluster(cluster: Cluster) -> None:
+    for proc in cluster.drivers:
+        if proc.poll() is None:
+            proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(20)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    for env in reversed(cluster.envs):
+        subprocess.run(
+            [*cluster.prefix, "bash", str(SCRIPT), "stop"], env=env, capture_output=True, timeout=120, check=False
+        )
+    if cluster.temp_dir:
+        shutil.rmtree(cluster.temp_dir, ignore_errors=True)
+    if cluster.netns:
+        subprocess.run(["ip", "netns", "delete", cluster.netns], capture_output=True, check=False)
+
+
+def _saved_step(checkpoints: Path) -> int:
+    text = _text(checkpoints / "latest_checkpointed_iteration.txt").strip()
+    return int(text) if text.isdigit() else 0
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def kill_mid_step(driver: subprocess.Popen, out: Path, plan: Plan, log: Path) -> tuple[int, set[int]]:
+    """Wait for the first checkpoint and the next step's generation, then SIGKILL the driver; return that step."""
+    checkpoints = out / "checkpoints"
+    _wait_for(lambda: _saved_step(checkpoints) >= plan.save_freq, "the first checkpoint", 900, driver, log)
+    saved_at = time.time()
+
+    def next_step_generating() -> bool:
+        events = read_lifecycle(out / "lifecycle")
+        return any(e["event"] == "generate" and not e.get("validate") and e["t"] > saved_at for e in events)
+
+    _wait_for(next_step_generating, f"step {plan.save_freq + 1} to start generating", 300, driver, log)
+    killed_step = _saved_step(checkpoints) + 1
+    _log(f"killing the driver (pid {driver.pid}) in the middle of step {killed_step}")
+    driver.send_signal(signal.SIGKILL)
+    driver.wait(30)
+    workers = {e["pid"] for e in read_lifecycle(out / "lifecycle")}
+    _wait_for(lambda: not any(_pid_alive(p) for p in workers), "Ray to stop the killed job's workers", 120)
+    return killed_step, workers
+
+
+def relaunch(cluster: Cluster, launch: Path, log: Path, timeout: float) -> None:
+    env = {**cluster.envs[0], "RAY_ADDRESS": cluster.address()}
+    with log.open("w") as f:
+        driver = subprocess.Popen([*cluster.prefix, "bash", str(launch)], env=env, stdout=f, stderr=f)
+    cluster.drivers.append(driver)
+    try:
+        code = driver.wait(timeout)
+    except subprocess.TimeoutExpired:
+        raise RehearsalError(f"the resumed run did not finish within {timeout:g} s; log: {log}") from None
+    if code != 0:
+        raise RehearsalError(f"the resumed run failed with exit code {code}; log: {log}")
+
+
+STEP_LINE = re.compile(r"\bstep:(\d+) - ")
+RESUME_LINE = re.compile(r"Load from checkpoint folder: \S*global_step_(\d+)")
+READY_LINE = re.compile(r"ray cluster ready: (.*); NPU total (\S+)")
+
+
+def summarise(out: Path, logs: list[Path], plan: Plan, killed_step: int) -> dict[str, object]:
+    texts = [_text(p) for p in logs]
+    ready = READY_LINE.search(texts[0])
+    if not ready:
+        raise RehearsalError(f"the head never reported a ready cluster; log: {logs[0]}")
+    steps = [sorted({int(s) for s in STEP_LINE.findall(t)}) for t in texts]
+    resumed = RESUME_LINE.findall(texts[1])
+    if not resumed:
+        raise RehearsalError(f"the relaunched run did not resume from a checkpoint; log: {logs[1]}")
+    resumed_from = int(resumed[-1])
+    expected_after = list(range(resumed_from + 1, plan.total_steps + 1))
+    if steps[1] != expected_after:
+        raise RehearsalError(f"the resumed run logged steps {steps[1]}, expected {expected_after}; log: {logs[1]}")
+    if max(steps[0], default=0) >= killed_step:
+        raise RehearsalError(f"run 1 finished step {killed_step}, it was meant to be killed in it; log: {logs[0]}")
+    layout = out / "checkpoints" / f"global_step_{resumed_from}"
+    for needed in (layout / "data.pt", *(layout / "actor" / f"rank_{r}.pt" for r in range(plan.world))):
+        if not needed.is_file():
+            raise RehearsalError(f"checkpoint layout: {needed} is missing")
+    events = list((out / "tensorboard").rglob("events.out.tfevents.*"))
+    if not events:
+        raise RehearsalError(f"no TensorBoard event file under {out / 'tensorboard'}")
+    if "val-core/" not in "".join(texts):
+        raise RehearsalError("no validation metrics (val-core/...) in the run logs")
+    return {
+        "nodes_joined": ready.group(1),
+        "npus_seen": float(ready.group(2)),
+        "steps_run": {"run 1 (killed)": steps[0], "run 2 (resumed)": steps[1]},
+        "killed_in_step": killed_step,
+        "resumed_from_step": resumed_from,
+    }
+
+
+#: A Ray log-forwarding prefix naming a node IP, e.g. "(WorkerDict pid=12, ip=127.0.0.3)", colour codes optional.
+FORWARDED_WITH_IP = re.compile(r"^(?:\x1b\[\d+m)?\([^()]*\bpid=\d+, ip=[^()]*\)")
+
+
+def single_copy(log: Path) -> Path:
+    """The driver log with each forwarded worker line once.
+
+    The simulated nodes share one host and therefore one Ray session directory, so the log monitor of every node
+    forwards every worker line: once plain and once tagged with a node IP. On a real cluster each line arrives once.
+    """
+    kept = [line for line in _text(log).splitlines(keepends=True) if not FORWARDED_WITH_IP.match(line)]
+    target = log.with_suffix(".console.log")
+    target.write_text("".join(kept))
+    return target
+
+
+def run_report(out: Path, logs: list[Path]) -> Path:
+    report_dir = out / "report"
+    logs = [single_copy(log) for log in logs]
+    cmd = [sys.executable, "-m", "r1_ascend.cli", "report", *map(str, logs), str(out / "tensorboard")]
+    done = subprocess.run(
+        [*cmd, "--out", str(report_dir), "--name", "rehearsal"], capture_output=True, text=True, check=False
+    )
+    (out / "report.log").write_text(done.stdout + done.stderr)
+    if done.returncode != 0 or not (report_dir / "report.md").is_file():
+        raise RehearsalError(f"r1-ascend report failed ({done.returncode}); log: {out / 'report.log'}")
+    return report_dir / "report.md"
+
+
+def rehearse(out: Path, plan: Plan, sampler: RssSampler) -> dict[str, object]:
+    if out.exists():
+        shutil.rmtree(out)
+    (out / "lifecycle").mkdir(parents=True)
+    _log(f"inputs: model directory and parquet (r1-ascend prepare-data) under {out / 'inputs'}")
+    inputs = make_inputs(out / "inputs")
+    launch = out / "launch.sh"
+    command = driver_command(sys.executable, plan, inputs, out, REPO)
+    launch.write_text(f"#!/usr/bin/env bash\nset -euo pipefail\nexec {shlex.join(command)}\n")
+    prefix, netns = make_netns()
+    envs, temp_dir = node_envs(out, plan, launch)
+    cluster = Cluster(out, plan, prefix, netns, envs, temp_dir)
+    sampler.watch_cmdline(temp_dir)
+    where = f"network namespace {netns}" if netns else "the host's loopback (no network namespace available)"
+    _log(f"cluster: {plan.nodes} nodes x {plan.npus_per_node} NPU on {where}, Ray temp dir {temp_dir}")
+    logs = [out / "run1.log", out / "run2.log"]
+    try:
+        head = start_cluster(cluster, logs[0])
+        _log(f"run 1: the head runs the recipe entry point (log {logs[0]})")
+        killed_step, killed_pids = kill_mid_step(head, out, plan, logs[0])
+        _log(f"run 2: relaunching on the same cluster (log {logs[1]})")
+        relaunch(cluster, launch, logs[1], timeout=900)
+    finally:
+        _log("stopping the drivers and the Ray nodes (recorded pids)")
+        stop_cluster(cluster)
+    summary = summarise(out, logs, plan, killed_step)
+    summary["ray_temp_dir"] = temp_dir
+    summary["netns"] = netns
+    summary["lifecycle"] = check_lifecycle(read_lifecycle(out / "lifecycle"), killed_pids)
+    summary["preludes"] = check_preludes([_text(p) for p in logs], read_lifecycle(out / "lifecycle"))
+    summary["report"] = str(run_report(out, logs))
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="r1-ascend rehearse", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--output-dir", type=Path, default=DEFAULT_OUT, help=f"default {DEFAULT_OUT} (replaced)")
+    parser.add_argument("--nodes", type=int, default=Plan.nodes, help="simulated nodes (>= 2)")
+    parser.add_argument("--npus-per-node", type=int, default=Plan.npus_per_node, help="fake NPUs per node")
+    args = parser.parse_args(argv)
+    if args.nodes < 2 or args.npus_per_node < 1:
+        parser.error("--nodes must be >= 2 and --npus-per-node >= 1")
+    plan = Plan(nodes=args.nodes, npus_per_node=args.npus_per_node)
+    out = args.output_dir.resolve()
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    start = time.monotonic()
+    with RssSampler() as sampler:
+        try:
+            summary = rehearse(out, plan, sampler)
+        except LifecycleError as exc:
+            print(f"rehearse: failed: {exc}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print("rehearse: interrupted; everything it started has been stopped", file=sys.stderr)
+            return 130
+        except RehearsalError as exc:
+            print(f"rehearse: failed: {exc}", file=sys.stderr)
+            return 1
+    summary["wall_s"] = round(time.monotonic() - start, 1)
+    summary["peak_rss_gib"] = round(sampler.summed_peak_bytes() / 1024**3, 2)
+    summary["concurrent_peak_rss_gib"] = round(sampler.concurrent_peak / 1024**3, 2)
+    summary["processes_sampled"] = sampler.process_count()
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print_summary(summary)
+    return 0
+
+
+def print_summary(summary: dict[str, object]) -> None:
+    steps = summary["steps_run"]
+    assert isinstance(steps, dict)
+    print("rehearse: ok")
+    print(f"  nodes joined:      {summary['nodes_joined']}")
+    print(f"  NPUs seen:         {summary['npus_seen']:g}")
+    print(f"  steps run:         {'; '.join(f'{k}: {v}' for k, v in steps.items())}")
+    print(f"  killed in step:    {summary['killed_in_step']}")
+    print(f"  resumed from step: {summary['resumed_from_step']}")
+    print(f"  rollout lifecycle: {summary['lifecycle']}")
+    print(f"  overlay preludes:  {summary['preludes']}")
+    print(f"  report:            {summary['report']}")
+    print(
+        f"  wall time:         {summary['wall_s']} s; summed peak RSS {summary['peak_rss_gib']} GiB over "
+        f"{summary['processes_sampled']} processes (largest total at one moment: "
+        f"{summary['concurrent_peak_rss_gib']} GiB)"
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,149 @@
+"""``r1-ascend rehearse``: the project's integration test (the whole run on CPU), plus its lifecycle checks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from r1_ascend.rehearse.lifecycle import (
+    CYCLE,
+    REQUIRED_PATCHES,
+    LifecycleError,
+    check_lifecycle,
+    check_preludes,
+    check_sequence,
+)
+
+
+def _events(pid: int, names: list[str]) -> list[dict]:
+    return [{"t": float(i), "pid": pid, "event": name} for i, name in enumerate(names)]
+
+
+def test_whole_cycles_pass_and_count_generations() -> None:
+    assert check_sequence(["release", *CYCLE, *CYCLE], complete=True) == 2
+
+
+@given(st.permutations(CYCLE))
+def test_any_other_order_fails(order: list[str]) -> None:
+    sequence = ["release", *order]
+    if tuple(order) == CYCLE:
+        assert check_sequence(sequence, complete=True) == 1
+    else:
+        with pytest.raises(LifecycleError, match="expected"):
+            check_sequence(sequence, complete=True)
+
+
+@given(st.integers(min_value=0, max_value=len(CYCLE) - 1))
+def test_a_killed_worker_may_stop_mid_cycle_a_finished_one_may_not(cut: int) -> None:
+    sequence = ["release", *CYCLE, *CYCLE[:cut]]
+    assert check_sequence(sequence, complete=False) == 1 + ("generate" in CYCLE[:cut])
+    if cut:
+        with pytest.raises(LifecycleError, match="stops inside a cycle"):
+            check_sequence(sequence, complete=True)
+
+
+def test_missing_first_release_fails() -> None:
+    with pytest.raises(LifecycleError, match="released right after it is built"):
+        check_lifecycle(_events(7, list(CYCLE)), killed_pids=set())
+
+
+def test_preludes_must_name_every_required_patch() -> None:
+    events = _events(11, ["release"])
+    good = f"(WorkerDict pid=11) r1-ascend overlay (pid 11): applied={','.join(REQUIRED_PATCHES)} already=none"
+    assert "1 workers" in check_preludes([good], events)
+    partial = f"r1-ascend overlay (pid 11): applied={REQUIRED_PATCHES[0]} already=none disabled=none"
+    with pytest.raises(LifecycleError, match="did not apply"):
+        check_preludes([partial], events)
+    with pytest.raises(LifecycleError, match="logged no"):
+        check_preludes([""], events)
+
+
+@pytest.mark.slow
+def test_rehearsal_runs_kills_resumes_and_reports(tmp_path: Path) -> None:
+    out = tmp_path / "rehearse"
+    done = subprocess.run(
+        [sys.executable, "-m", "r1_ascend.cli", "rehearse", "--output-dir", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["npus_seen"] == 2
+    assert summary["nodes_joined"] == "127.0.0.2 (1 NPU), 127.0.0.3 (1 NPU)"
+    assert summary["resumed_from_step"] == 2
+    assert summary["killed_in_step"] == 3
+    assert summary["steps_run"]["run 2 (resumed)"] == [3, 4]
+    assert Path(summary["report"]).is_file()
+    assert "resumed from step: 2" in done.stdout
+    left = subprocess.run(["pgrep", "-f", summary["ray_temp_dir"]], capture_output=True, text=True, check=False)
+    assert left.stdout.split() == [], f"processes left under {summary['ray_temp_dir']}"
+    if summary["netns"]:
+        names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
+        assert summary["netns"] not in names
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_everything_it_started(tmp_path: Path) -> None:
+    """SIGINT once run 1 is under way: exit 130, no process left under its Ray temp dir, namespace deleted."""
+    import re
+    import signal
+    import time
+
+    out = tmp_path / "rehearse"
+    cmd = [sys.executable, "-m", "r1_ascend.cli", "rehearse", "--output-dir", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    seen = ""
+    deadline = time.monotonic() + 900
+    for line in proc.stdout:
+        seen += line
+        if "run 1: the head runs the recipe entry point" in line or time.monotonic() > deadline:
+            break
+    cluster = re.search(r"on (?:network namespace (\S+)|the host's loopback).*Ray temp dir (\S+)", seen)
+    assert cluster, seen
+    netns, temp_dir = cluster.groups()
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 130, seen + rest
+    assert "everything it started has been stopped" in rest
+    left = subprocess.run(["pgrep", "-f", temp_dir], capture_output=True, text=True, check=False)
+    assert left.stdout.split() == [], f"processes left under {temp_dir}"
+    if netns:
+        names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
+        assert netns not in names
+
+
+def test_rehearsal_config_composes_and_passes_the_recipe_checks(tmp_path: Path) -> None:
+    """The derived config is the smoke config plus overrides that Hydra accepts and the recipe does not refuse."""
+    from hydra import compose, initialize_config_dir
+
+    from r1_ascend.patches import apply_one, restore_all, spec_by_name
+    from r1_ascend.recipe.checks import check_recipe_config
+    from r1_ascend.recipe.main_grpo import CONFIG_DIR, prepare_config
+    from r1_ascend.rehearse.config import CONFIG_NAME, Plan, overrides
+    from r1_ascend.rehearse.inputs import Inputs
+
+    plan = Plan()
+    inputs = Inputs(tmp_path / "model", tmp_path / "data")
+    with initialize_config_dir(CONFIG_DIR, version_base=None):
+        config = compose(CONFIG_NAME, overrides=overrides(plan, inputs, tmp_path, Path.cwd()))
+    assert config.trainer.nnodes * config.trainer.n_gpus_per_node == plan.world
+    assert config.actor_rollout_ref.rollout.tensor_model_parallel_size == plan.world
+    assert config.trainer.resume_mode == "auto"
+    assert config.trainer.save_freq < config.trainer.total_training_steps
+    apply_one(spec_by_name("vllm_rollout_offload"))
+    try:
+        prepare_config(config)
+        assert check_recipe_config(config, environ={}) == []
+    finally:
+        restore_all()
+    modules = config.ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES.split(",")
+    assert modules == ["r1_ascend.patches.prelude", "r1_ascend.rehearse.standins"]
