@@ -15,10 +15,26 @@ from types import TracebackType
 import psutil
 
 
+def _title(proc: psutil.Process) -> str:
+    """A short title: Ray's process titles (``ray::WorkerDict``, ``raylet``) or the program and its module."""
+    try:
+        cmdline = proc.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return "?"
+    if not cmdline:
+        return proc.name()
+    if "-m" in cmdline[:-1]:
+        return f"python -m {cmdline[cmdline.index('-m') + 1]}"
+    first = cmdline[0].split()[0] if cmdline[0].startswith("ray::") else cmdline[0].rsplit("/", 1)[-1]
+    script = next((arg.rsplit("/", 1)[-1] for arg in cmdline[1:2] if arg.endswith(".py")), "")
+    return f"{first} {script}".strip()
+
+
 class RssSampler:
     def __init__(self, interval: float = 0.5) -> None:
         self.interval = interval
         self.peaks: dict[tuple[int, float], int] = {}  # (pid, create_time) -> peak RSS bytes
+        self.names: dict[tuple[int, float], str] = {}  # (pid, create_time) -> process title, for the breakdown
         self.markers: list[str] = []
         self.concurrent_peak = 0  # largest sum of RSS over the processes alive in one sample
         self._stop = threading.Event()
@@ -48,6 +64,8 @@ class RssSampler:
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
             self.peaks[key] = max(self.peaks.get(key, 0), rss)
+            if key not in self.names:
+                self.names[key] = _title(proc)
             total += rss
         self.concurrent_peak = max(self.concurrent_peak, total)
 
@@ -57,6 +75,16 @@ class RssSampler:
 
     def summed_peak_bytes(self) -> int:
         return sum(self.peaks.values())
+
+    def breakdown(self) -> dict[str, dict[str, float]]:
+        """Summed peak RSS (MiB) and process count per process title, largest first: where the budget goes."""
+        groups: dict[str, dict[str, float]] = {}
+        for key, peak in self.peaks.items():
+            group = groups.setdefault(self.names.get(key, "?"), {"processes": 0, "summed_peak_mib": 0.0})
+            group["processes"] += 1
+            group["summed_peak_mib"] += peak / 1024**2
+        ordered = sorted(groups.items(), key=lambda item: -item[1]["summed_peak_mib"])
+        return {name: {**group, "summed_peak_mib": round(group["summed_peak_mib"], 1)} for name, group in ordered}
 
     def process_count(self) -> int:
         return len(self.peaks)

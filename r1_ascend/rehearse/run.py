@@ -115,6 +115,9 @@ def node_envs(out: Path, plan: Plan, launch: Path) -> tuple[list[dict[str, str]]
         "RAY_REPORT_EVERY": "10",
         "RAY_DEDUP_LOGS": "0",
         "RAY_USAGE_STATS_ENABLED": "0",
+        # no idle Python workers started ahead of demand: each would import Ray for nothing (about 270 MB apiece)
+        "RAY_enable_worker_prestart": "0",
+        "RAY_prestart_worker_first_driver": "0",
         "R1_ASCEND_PREFLIGHT_CMD": "",
         "R1_ASCEND_LAUNCH_CMD": f"bash {launch}",
         "TOKENIZERS_PARALLELISM": "false",
@@ -336,7 +339,9 @@ def rehearse(out: Path, plan: Plan, sampler: RssSampler) -> dict[str, object]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="r1-ascend rehearse", description=__doc__.split("\n\n")[0])
+    from r1_ascend.cli import plain_help
+
+    parser = argparse.ArgumentParser(prog="r1-ascend rehearse", description=plain_help(__doc__.split("\n\n")[0]))
     parser.add_argument("--output-dir", type=Path, default=DEFAULT_OUT, help=f"default {DEFAULT_OUT} (replaced)")
     parser.add_argument("--nodes", type=int, default=Plan.nodes, help="simulated nodes (>= 2)")
     parser.add_argument("--npus-per-node", type=int, default=Plan.npus_per_node, help="fake NPUs per node")
@@ -363,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     summary["peak_rss_gib"] = round(sampler.summed_peak_bytes() / 1024**3, 2)
     summary["concurrent_peak_rss_gib"] = round(sampler.concurrent_peak / 1024**3, 2)
     summary["processes_sampled"] = sampler.process_count()
+    summary["rss_by_process"] = sampler.breakdown()
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print_summary(summary)
     return 0
