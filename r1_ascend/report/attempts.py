@@ -80,12 +80,15 @@ class AttemptTracker:
     def event(self, event: LifecycleEvent) -> None:
         attempt = self.current
         if event.kind in START_KINDS:
-            # validation before training logs a record before the loop starts; only training steps close an attempt
+            # validation before training logs a record before the loop starts; only training steps close an attempt.
+            # A progress bar is redrawn (and Ray may echo it without its prefix), so a bar seen twice before any
+            # step is the same process; the once-per-process lines seen twice are a new one.
+            redrawn_bar = event.kind in (LOOP_START, PROGRESS)
             fresh = (
                 attempt is None
                 or attempt.last_step is not None
                 or bool(attempt.errors_after_last_step)
-                or event.kind in attempt.kinds_seen
+                or (event.kind in attempt.kinds_seen and not redrawn_bar)
             )
             if fresh:
                 attempt = self._open(event.source, event.line_no, "log start" if attempt is None else "process start")

@@ -184,3 +184,40 @@ def test_validation_only_log_has_no_training_status(tmp_path: Path) -> None:
     log.write_text("(TaskRunner pid=1) step:0 - val-core/aime24/acc/mean@2:0.25\n", encoding="utf-8")
     report = _report([log], tmp_path / "out")
     assert "Status: no training step was logged with no error in the log" in report
+
+
+def _events(*kinds_steps: tuple[str, int | None]) -> list:
+    from r1_ascend.report.lifecycle import LifecycleEvent
+
+    return [
+        LifecycleEvent(kind, "console.log", line, line, step=step, total=4)
+        for line, (kind, step) in enumerate(kinds_steps)
+    ]
+
+
+@pytest.mark.parametrize("resumed", [False, True], ids=["fresh", "resumed"])
+def test_progress_bar_echoed_before_the_first_step_is_the_same_process(resumed: bool) -> None:
+    """Ray echoes a process's tqdm bar (with and without its prefix): one process, one attempt."""
+    from r1_ascend.report.attempts import AttemptTracker
+    from r1_ascend.report.lifecycle import FRESH_START, LOOP_START, PLANNED, RESUME
+
+    opening = (RESUME, 2) if resumed else (FRESH_START, None)
+    tracker = AttemptTracker()
+    for event in _events(
+        (PLANNED, None), opening, (LOOP_START, 2 if resumed else 0), (LOOP_START, 2 if resumed else 0)
+    ):
+        tracker.event(event)
+    tracker.record(3 if resumed else 1, True, "console.log", 10, repeats=False)
+    assert len(tracker.attempts) == 1
+    assert tracker.attempts[0].resumed_from == (2 if resumed else None)
+
+
+def test_once_per_process_line_seen_again_before_any_step_is_a_new_process() -> None:
+    """A process that died before its first step and was relaunched: two attempts."""
+    from r1_ascend.report.attempts import AttemptTracker
+    from r1_ascend.report.lifecycle import PLANNED
+
+    tracker = AttemptTracker()
+    for event in _events((PLANNED, None), (PLANNED, None)):
+        tracker.event(event)
+    assert len(tracker.attempts) == 2
