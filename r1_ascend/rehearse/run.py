@@ -32,6 +32,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from r1_ascend.rehearse.budget import RssSampler
 from r1_ascend.rehearse.config import Plan, driver_command
 from r1_ascend.rehearse.inputs import make_inputs
@@ -194,16 +196,6 @@ def _saved_step(checkpoints: Path) -> int:
     return int(text) if text.isdigit() else 0
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def kill_mid_step(driver: subprocess.Popen, out: Path, plan: Plan, log: Path) -> tuple[int, set[int]]:
     """Wait for the first checkpoint and the next step's generation, then SIGKILL the driver; return that step."""
     checkpoints = out / "checkpoints"
@@ -220,7 +212,7 @@ def kill_mid_step(driver: subprocess.Popen, out: Path, plan: Plan, log: Path) ->
     driver.send_signal(signal.SIGKILL)
     driver.wait(30)
     workers = {e["pid"] for e in read_lifecycle(out / "lifecycle")}
-    _wait_for(lambda: not any(_pid_alive(p) for p in workers), "Ray to stop the killed job's workers", 120)
+    _wait_for(lambda: not any(psutil.pid_exists(p) for p in workers), "Ray to stop the killed job's workers", 120)
     return killed_step, workers
 
 
