@@ -24,10 +24,10 @@ npu_stub.install()
 def _leave_upstream_untouched() -> Iterator[None]:
     """Whatever a test patched through the overlay (directly, or via a vLLM plugin load), put the originals back."""
     yield
-    from r1_ascend.patches import _apply, restore_all
+    from r1_ascend.patches import forget_applied, restore_all
 
     restore_all()
-    _apply.forget_applied()
+    forget_applied()
 
 
 def pytest_report_header() -> list[str]:

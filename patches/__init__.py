@@ -2,34 +2,83 @@
 and MindSpeed.
 
 Patch modules have no import side effects; ``apply_all`` (called once per process by
-``r1_ascend.patches.prelude``) applies them in registry order. See README.md's patch table.
+``r1_ascend.patches.prelude``) applies them in registry order. See README.md's patch table and docs/patches.md.
+
+The public surface: the names below (registry, installer, errors), the patch modules themselves, ``prelude``,
+``rules`` (each patch's pure "what is valid" logic), ``source_check`` (targets checked in upstream source) and
+``docs`` (the README tables). Modules whose name starts with ``_`` are internal: nothing outside this package
+imports them (tests/test_layers.py).
 """
 
-from ._apply import PatchResult, Status, applied_names, apply_all, apply_one, check_versions, summary_line
-from ._errors import PatchConfigError, PatchError, PatchTargetError, PatchVersionError
+from ._apply import (
+    PatchResult,
+    Status,
+    applied_names,
+    apply_all,
+    apply_one,
+    check_targets,
+    check_versions,
+    forget_applied,
+    summary_line,
+)
+from ._errors import (
+    DpEpConfigError,
+    DpEpGroupError,
+    KVCacheConfigError,
+    NodeIpError,
+    PatchConfigError,
+    PatchError,
+    PatchTargetError,
+    PatchVersionError,
+    PortSelectionError,
+    RolloutActorMismatchError,
+    RolloutConfigError,
+    RolloutGuardConfigError,
+    RolloutMemoryError,
+    TorchairGraphConfigError,
+    WeightSyncError,
+)
 from ._install import get_original, install, installed_targets, patched_by, restore_all
-from ._registry import PATCHES, PatchSpec, spec_by_name
-from ._target import Target
+from ._registry import PATCHES, PROCESSES, PatchSpec, spec_by_module, spec_by_name
+from ._target import Target, check_signature, read_target, resolve_owner
 
 __all__ = [
     "PATCHES",
+    "PROCESSES",
+    "DpEpConfigError",
+    "DpEpGroupError",
+    "KVCacheConfigError",
+    "NodeIpError",
     "PatchConfigError",
     "PatchError",
     "PatchResult",
     "PatchSpec",
     "PatchTargetError",
     "PatchVersionError",
+    "PortSelectionError",
+    "RolloutActorMismatchError",
+    "RolloutConfigError",
+    "RolloutGuardConfigError",
+    "RolloutMemoryError",
     "Status",
     "Target",
+    "TorchairGraphConfigError",
+    "WeightSyncError",
     "applied_names",
     "apply_all",
     "apply_one",
+    "check_signature",
+    "check_targets",
     "check_versions",
+    "forget_applied",
     "get_original",
     "install",
     "installed_targets",
     "patched_by",
+    "read_target",
+    "resolve_owner",
     "restore_all",
+    "spec_by_module",
     "spec_by_name",
     "summary_line",
 ]

@@ -10,12 +10,12 @@ import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from r1_ascend import envs
 from r1_ascend.stack import installed_version
 
-from ._errors import PatchConfigError, PatchError, PatchVersionError
+from ._errors import PatchError, PatchVersionError
 from ._registry import PATCHES, PatchSpec
 from ._target import check_signature, disable_hint, read_target
+from .rules.switches import read_switches
 
 logger = logging.getLogger(__name__)
 
@@ -59,24 +59,6 @@ def check_targets(spec: PatchSpec) -> None:
             check_signature(target, current, patch=spec.name)
 
 
-def resolve_switches(
-    disabled: Iterable[str] | None = None, *, disable_all: bool | None = None, specs: Sequence[PatchSpec] = PATCHES
-) -> set[str]:
-    """The set of patch names to skip, from arguments or the environment; unknown names are an error."""
-    names = {spec.name for spec in specs}
-    if disable_all if disable_all is not None else envs.disable_all():
-        return names
-    chosen = list(disabled) if disabled is not None else envs.disabled_patch_names()
-    unknown = sorted(set(chosen) - names)
-    if unknown:
-        msg = (
-            f"unknown patch name(s) in {envs.R1_ASCEND_DISABLE}: {', '.join(unknown)}; "
-            f"valid names: {', '.join(sorted(names))}"
-        )
-        raise PatchConfigError(msg)
-    return set(chosen)
-
-
 def apply_one(spec: PatchSpec) -> Status:
     """Check versions, import the patch module and run its ``apply(spec)``; errors name the patch."""
     with _lock:
@@ -105,7 +87,7 @@ def apply_all(
     specs: Sequence[PatchSpec] = PATCHES,
 ) -> list[PatchResult]:
     """Apply every enabled patch in registry order; idempotent. Returns one result per patch."""
-    skip = resolve_switches(disabled, disable_all=disable_all, specs=specs)
+    skip = read_switches(disabled=disabled, disable_all=disable_all, specs=specs).disabled
     results = []
     for spec in specs:
         if spec.name in skip:

@@ -23,22 +23,19 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ._dp_layout import VLLM_DP_SIZE, DpEpConfigError, Layout, check_rollout_config, plan_dp_ep_layout
-from ._dp_net import NodeIpError, PortSelectionError, discover_node_ip, pick_free_port, reserved_port_ranges
+from ._dp_net import discover_node_ip, pick_free_port, reserved_port_ranges
+from ._errors import DpEpConfigError, DpEpGroupError, NodeIpError, PortSelectionError
+from .rules.dp_layout import VLLM_DP_SIZE, RankGroups, check_rollout_config, plan_dp_ep_layout
 
 logger = logging.getLogger(__name__)
 
 VLLM_DP_RANK = "VLLM_DP_RANK"
 VLLM_DP_MASTER_IP = "VLLM_DP_MASTER_IP"
 VLLM_DP_MASTER_PORT = "VLLM_DP_MASTER_PORT"
-
-
-class DpEpGroupError(RuntimeError):
-    """vLLM's parallel groups could not be built as planned."""
 
 
 @dataclass(frozen=True)
@@ -49,11 +46,11 @@ class Rendezvous:
     master_port: int
 
 
-def setup_rollout_groups(config: Any, env: MutableMapping[str, str] | None = None) -> Layout:
+def setup_rollout_groups(config: Any) -> RankGroups:
     """Validate verl's rollout ``config`` and build the groups for this rank (called before ``LLM()``)."""
     import torch.distributed as dist
 
-    env = os.environ if env is None else env
+    env = os.environ
     tp_size = check_rollout_config(config)
     if not dist.is_initialized():
         msg = (
@@ -64,20 +61,19 @@ def setup_rollout_groups(config: Any, env: MutableMapping[str, str] | None = Non
     layout = plan_dp_ep_layout(dist.get_world_size(), dist.get_rank(), tp_size, env.get(VLLM_DP_SIZE))
     from verl.utils.device import get_nccl_backend
 
-    init_dp_ep_groups(layout, local_rank=_local_rank(env), backend=get_nccl_backend(), env=env)
+    init_dp_ep_groups(layout, local_rank=_local_rank(env), backend=get_nccl_backend())
     return layout
 
 
-def init_dp_ep_groups(
-    layout: Layout, *, local_rank: int, backend: str, env: MutableMapping[str, str] | None = None
-) -> Rendezvous | None:
+def init_dp_ep_groups(layout: RankGroups, *, local_rank: int, backend: str) -> Rendezvous | None:
     """Build vLLM's world, TP, PP, DP and EP groups for ``layout`` and export the ``VLLM_DP_*`` variables.
 
-    Returns the DP rendezvous, or ``None`` when DP is 1 (then ``LLM()`` builds the groups itself).
+    They go to ``os.environ`` because that is where vLLM reads them. Returns the DP rendezvous, or ``None`` when DP
+    is 1 (then ``LLM()`` builds the groups itself).
     """
     import torch.distributed as dist
 
-    env = os.environ if env is None else env
+    env = os.environ
     if not dist.is_initialized() or (dist.get_world_size(), dist.get_rank()) != (layout.world_size, layout.rank):
         found = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else "not initialised"
         msg = f"layout is for (world size, rank) = {(layout.world_size, layout.rank)}, torch.distributed is {found}"
@@ -85,7 +81,7 @@ def init_dp_ep_groups(
     env[VLLM_DP_SIZE] = str(layout.dp_size)
     env[VLLM_DP_RANK] = str(layout.dp_rank)
     if layout.dp_size == 1:
-        _check_vllm_envs(env, {VLLM_DP_SIZE: 1, VLLM_DP_RANK: 0})
+        _check_vllm_envs({VLLM_DP_SIZE: 1, VLLM_DP_RANK: 0})
         logger.info("vLLM DP size is 1 (world %d = rollout TP): vLLM builds its own groups", layout.world_size)
         return None
 
@@ -101,7 +97,6 @@ def init_dp_ep_groups(
     env[VLLM_DP_MASTER_IP] = rendezvous.master_ip
     env[VLLM_DP_MASTER_PORT] = str(rendezvous.master_port)
     _check_vllm_envs(
-        env,
         {
             VLLM_DP_SIZE: layout.dp_size,
             VLLM_DP_RANK: layout.dp_rank,
@@ -144,7 +139,7 @@ def _import_parallel_state_with_ascend_coordinator() -> Any:
     return parallel_state
 
 
-def check_vllm_groups(layout: Layout, parallel_state: Any) -> None:
+def check_vllm_groups(layout: RankGroups, parallel_state: Any) -> None:
     """Raise unless vLLM's TP, PP, DP and EP groups for this rank are exactly the planned ones."""
     found = {
         "TP": tuple(parallel_state.get_tp_group().ranks),
@@ -165,7 +160,7 @@ def check_vllm_groups(layout: Layout, parallel_state: Any) -> None:
         raise DpEpGroupError(msg)
 
 
-def exchange_rendezvous(layout: Layout, env: Mapping[str, str], *, group: Any) -> Rendezvous:
+def exchange_rendezvous(layout: RankGroups, env: Mapping[str, str], *, group: Any) -> Rendezvous:
     """All-gather every rank's node IP and each DP master's reserved port; return this rank's DP rendezvous.
 
     Each DP master keeps its port bound until the gather completes, so masters sharing a host draw distinct ports.
@@ -204,10 +199,8 @@ def exchange_rendezvous(layout: Layout, env: Mapping[str, str], *, group: Any) -
     return Rendezvous(master_ip, int(master_port))
 
 
-def _check_vllm_envs(env: Mapping[str, str], expected: Mapping[str, object]) -> None:
+def _check_vllm_envs(expected: Mapping[str, object]) -> None:
     """vLLM must read back what was exported (it would not if someone assigned ``vllm.envs.X`` directly)."""
-    if env is not os.environ:
-        return  # an explicit mapping (tests) is not what vLLM reads
     import vllm.envs as vllm_envs
 
     for name, value in expected.items():

@@ -22,6 +22,8 @@ import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from ._errors import NodeIpError, PortSelectionError
+
 logger = logging.getLogger(__name__)
 
 NIC_VARIABLES = ("HCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
@@ -39,14 +41,6 @@ HCCL_BASE_PORT_SPAN = 1024
 #: vLLM 0.9.1's ``get_open_port`` avoids ``[VLLM_DP_MASTER_PORT, +10)`` for its own sockets; keep that whole
 #: window clear of the job's ports too.
 VLLM_DP_PORT_WINDOW = 10
-
-
-class NodeIpError(RuntimeError):
-    """The node's IP address for the DP rendezvous cannot be determined without guessing."""
-
-
-class PortSelectionError(RuntimeError):
-    """No free port outside the job's reserved ranges was found."""
 
 
 def interface_ipv4(ifname: str) -> str:

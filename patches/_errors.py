@@ -1,10 +1,17 @@
-"""Errors raised by the patch overlay. Every message says what failed, what was expected and how to fix it."""
+"""Every error the patch overlay raises, in one hierarchy: ``except PatchError`` catches them all.
+
+Every message says what failed, what was expected and how to fix it. Errors about a configuration value also derive
+from ``ValueError``; the others are ``RuntimeError`` through ``PatchError``.
+"""
 
 from __future__ import annotations
 
 
 class PatchError(RuntimeError):
-    """Base class: a patch could not be applied or configured."""
+    """Base class: a patch could not be applied, configured, or do its job."""
+
+
+# --- the framework: targets, versions, switches ---------------------------------------------------------------
 
 
 class PatchTargetError(PatchError):
@@ -17,3 +24,56 @@ class PatchVersionError(PatchError):
 
 class PatchConfigError(PatchError):
     """The overlay's switches are invalid (e.g. an unknown patch name in R1_ASCEND_DISABLE)."""
+
+
+# --- vllm_dp_ep_groups ----------------------------------------------------------------------------------------
+
+
+class DpEpConfigError(PatchError, ValueError):
+    """The rollout's parallel configuration cannot give one vLLM instance over all ranks."""
+
+
+class DpEpGroupError(PatchError):
+    """vLLM's parallel groups could not be built as planned."""
+
+
+class NodeIpError(PatchError):
+    """The node's IP address for the DP rendezvous cannot be determined without guessing."""
+
+
+class PortSelectionError(PatchError):
+    """No free port outside the job's reserved ranges was found."""
+
+
+# --- vllm_engine_kv_cache_configs, vllm_ascend_torchair_live_params, vllm_rollout_offload ------------------------
+
+
+class KVCacheConfigError(PatchError):
+    """The KV-cache configs are missing or inconsistent, so caches cannot be rebuilt safely."""
+
+
+class TorchairGraphConfigError(PatchError):
+    """The TorchAir graph configuration cannot work with re-allocated rollout parameters."""
+
+
+class RolloutConfigError(PatchError, ValueError):
+    """The rollout config cannot work with the offloading rollout on vllm-ascend."""
+
+
+class RolloutMemoryError(PatchError):
+    """The rollout's device-memory state does not allow the requested operation."""
+
+
+class WeightSyncError(PatchError):
+    """Some rollout parameters were not written by ``update_weights`` after the weights were re-allocated."""
+
+
+# --- verl_rollout_guard -----------------------------------------------------------------------------------------
+
+
+class RolloutGuardConfigError(PatchError, ValueError):
+    """The guard's settings are invalid or contradict the rollout config."""
+
+
+class RolloutActorMismatchError(PatchError):
+    """The rollout's log-probs disagree with the actor's by more than healthy bf16 runs ever do."""

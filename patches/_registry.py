@@ -27,7 +27,6 @@ PROCESSES = ("driver", "worker", "vllm-engine")
 @dataclass(frozen=True)
 class PatchSpec:
     name: str  # = module name = the token accepted by R1_ASCEND_DISABLE
-    summary: str  # one line, imperative
     targets: tuple[Target, ...]
     requires: Mapping[str, str]  # distribution -> exact pinned version the patch was written against
     processes: tuple[str, ...]
@@ -52,7 +51,6 @@ _MEGATRON_WORKERS = "verl.workers.megatron_workers"
 PATCHES: tuple[PatchSpec, ...] = (
     PatchSpec(
         name="vllm_engine_kv_cache_configs",
-        summary="Keep the KV-cache configs the engine was initialised with, so caches can be rebuilt identically.",
         targets=(
             Target("vllm.v1.engine.core", "unify_kv_cache_configs", "vllm", params=("kv_cache_configs",)),
             Target("vllm.v1.engine.core", "EngineCore._initialize_kv_caches", "vllm", params=("self", "vllm_config")),
@@ -62,7 +60,6 @@ PATCHES: tuple[PatchSpec, ...] = (
     ),
     PatchSpec(
         name="vllm_dp_ep_groups",
-        summary="Build vLLM's DP and EP groups over all rollout ranks: DP = world / rollout TP, EP = world.",
         targets=(
             Target(
                 _SPMD,
@@ -76,7 +73,6 @@ PATCHES: tuple[PatchSpec, ...] = (
     ),
     PatchSpec(
         name="vllm_ascend_torchair_live_params",
-        summary="Compile the TorchAir decode graph with live parameter addresses, so it reads re-allocated weights.",
         targets=(
             Target(
                 "vllm_ascend.worker.model_runner_v1",
@@ -90,7 +86,6 @@ PATCHES: tuple[PatchSpec, ...] = (
     ),
     PatchSpec(
         name="vllm_rollout_offload",
-        summary="Release and restore rollout weights and KV cache by hand instead of vLLM sleep mode.",
         targets=(
             Target(
                 "verl.workers.rollout.base",
@@ -104,7 +99,6 @@ PATCHES: tuple[PatchSpec, ...] = (
     ),
     PatchSpec(
         name="mindspeed_torch_compile",
-        summary="Use the real torch.compile while the rollout engine is built, MindSpeed's stand-in otherwise.",
         targets=(
             Target(
                 _MEGATRON_WORKERS, "ActorRolloutRefWorker._build_rollout", "verl", params=("self", "trust_remote_code")
@@ -116,7 +110,6 @@ PATCHES: tuple[PatchSpec, ...] = (
     ),
     PatchSpec(
         name="verl_onpolicy_logprob",
-        summary="On an exactly on-policy update, reuse the current log-probs as old log-probs and skip that pass.",
         targets=(
             Target("verl.trainer.ppo.ray_trainer", "RayPPOTrainer.init_workers", "verl", params=("self",)),
             Target(
@@ -142,7 +135,6 @@ PATCHES: tuple[PatchSpec, ...] = (
     ),
     PatchSpec(
         name="verl_rollout_guard",
-        summary="Compare rollout and actor log-probs of the sampled tokens every step; stop the run on a mismatch.",
         targets=(
             Target("verl.trainer.ppo.ray_trainer", "RayPPOTrainer.fit", "verl", params=("self",)),
             Target(
@@ -157,6 +149,15 @@ PATCHES: tuple[PatchSpec, ...] = (
         processes=("driver", "worker"),
     ),
 )
+
+
+def spec_by_module(module: str) -> PatchSpec:
+    """The spec of the patch implemented by ``module`` (a patch module passes its ``__name__``)."""
+    for spec in PATCHES:
+        if spec.module == module:
+            return spec
+    msg = f"{module} is not a registered patch module; registered: {', '.join(s.module for s in PATCHES)}"
+    raise KeyError(msg)
 
 
 def spec_by_name(name: str) -> PatchSpec:

@@ -26,8 +26,11 @@ from verl.utils.memory_utils import aggressive_empty_cache
 from verl.workers.rollout.vllm_rollout.vllm_rollout_spmd import vLLMRollout
 
 from . import _rollout_memory as memory
+from ._apply import applied_names
+from ._errors import RolloutMemoryError, WeightSyncError
 from ._rng import accelerator_module, preserved_rng_state
-from ._rollout_config import (
+from .rules.dp_layout import rollout_dp_size
+from .rules.rollout_config import (
     RolloutConfigError,
     check_batched_tokens,
     check_engine_options,
@@ -50,14 +53,6 @@ def empty_device_cache() -> None:
     """
     if is_npu_available or is_cuda_available:
         aggressive_empty_cache(force_sync=True)
-
-
-class RolloutMemoryError(RuntimeError):
-    """The rollout's device-memory state does not allow the requested operation."""
-
-
-class WeightSyncError(RuntimeError):
-    """Some rollout parameters were not written by ``update_weights`` after the weights were re-allocated."""
 
 
 @dataclass(frozen=True)
@@ -264,17 +259,18 @@ def _check_engine_options_for(rollout_config: Any, model_config: Any) -> None:
 
     hf_config = model_config.hf_config
     experts = getattr(hf_config, "n_routed_experts", None) or getattr(hf_config, "num_experts", None) or 0
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    dp_size = max(world // int(rollout_config.tensor_model_parallel_size), 1)
-    from ._apply import applied_names
-
+    applied = applied_names()
+    dp_groups = "vllm_dp_ep_groups" in applied
+    # vLLM DP exists only over torch.distributed and with the DP/EP patch (whose own check of the layout this is).
+    tp_size = int(rollout_config.tensor_model_parallel_size)
+    dp_size = rollout_dp_size(dist.get_world_size(), tp_size) if dp_groups and dist.is_initialized() else 1
     problems = check_engine_options(
         rollout_config,
         model_type=str(getattr(hf_config, "model_type", "")),
         is_moe=experts > 0,
         dp_size=dp_size,
-        dp_groups="vllm_dp_ep_groups" in applied_names(),
-        live_params="vllm_ascend_torchair_live_params" in applied_names(),
+        dp_groups=dp_groups,
+        live_params="vllm_ascend_torchair_live_params" in applied,
     )
     if problems:
         msg = "rollout engine options cannot work on vllm-ascend 0.9.1: " + "; ".join(problems)

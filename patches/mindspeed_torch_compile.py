@@ -1,18 +1,27 @@
 """Use the real torch.compile while the rollout engine is built, MindSpeed's stand-in otherwise.
 
-Target: verl.workers.megatron_workers.ActorRolloutRefWorker._build_rollout is wrapped. Inside it, the patch
+Target:
+verl.workers.megatron_workers.ActorRolloutRefWorker._build_rollout is wrapped. Inside it, the patch
 switches MindSpeed's registry entry mindspeed.patch_utils.MindSpeedPatchesManager.patches_info["torch.compile"]
 off and on again (registered by mindspeed/features_manager/megatron_basic/requirements_basic.py with
 dummy_compile from mindspeed/core/megatron_basic/requirements_basic.py).
-Upstream: verl 0.6.1 (ActorRolloutRefWorker._build_rollout, ActorRolloutRefWorker.__init__ calling
+
+Upstream:
+verl 0.6.1 (ActorRolloutRefWorker._build_rollout, ActorRolloutRefWorker.__init__ calling
 mindspeed.megatron_adaptor.repatch); MindSpeed f6688c61bcfe45243ee5eb34c6f013b1e06eca81; the compiler's consumer
 is vllm-ascend 0.9.1 NPUModelRunner._get_torchair_lazy_compiled_model (torch.compile with the TorchAir backend).
-Process: worker — the Ray worker that holds actor, reference and rollout (verl's colocated WorkerDict).
-Why: MindSpeed replaces torch.compile with dummy_compile for the whole process so Megatron training code is never
+
+Process:
+worker — the Ray worker that holds actor, reference and rollout (verl's colocated WorkerDict).
+
+Why:
+MindSpeed replaces torch.compile with dummy_compile for the whole process so Megatron training code is never
 compiled. The vLLM-Ascend rollout lives in the same process, so its TorchAir graph mode silently gets an uncompiled
 model (TorchAir roughly doubles decode throughput). The predecessors swapped torch.compile without try/finally, so
 a failed rollout build left the real compiler active for training.
-How: a context manager around the stock _build_rollout; every step of the switch, remove_patch included, runs
+
+How:
+A context manager around the stock _build_rollout; every step of the switch, remove_patch included, runs
 inside its try/finally. On entry it looks the registry entry up (a missing entry
 or a missing MindSpeed is a PatchTargetError naming what was expected), then asks MindSpeed itself to undo the
 entry (Patch.remove_patch), which puts the real torch.compile back on torch and on every non-MindSpeed module
@@ -24,12 +33,18 @@ covered: references kept under other names or in closures (Megatron's jit_fuser 
 stand-in, which is what training wants), torch.jit.script (stays the stand-in), MindSpeed's own modules, and any
 compilation vLLM-Ascend defers until after the build (a new graph size, cached-graph mode): it gets the stand-in.
 If torch.compile is already the real compiler on entry (nested call, MindSpeed patch not applied) nothing changes.
-Upstream fix: none upstream; MindSpeed patches process-wide by design and verl colocates rollout and training in
+
+Upstream fix:
+none upstream; MindSpeed patches process-wide by design and verl colocates rollout and training in
 one process. A MindSpeed option to scope its torch.compile replacement to Megatron modules would remove the need.
-Remove when: after importing mindspeed.megatron_adaptor at the pinned MindSpeed commit, torch.compile is
+
+Remove when:
+after importing mindspeed.megatron_adaptor at the pinned MindSpeed commit, torch.compile is
 torch's own function (MindSpeedPatchesManager.patches_info has no "torch.compile" entry), or vllm-ascend's
 NPUModelRunner no longer calls torch.compile for TorchAir graph mode.
-Disable: R1_ASCEND_DISABLE=mindspeed_torch_compile — _build_rollout runs unwrapped: the rollout engine is built
+
+Disable:
+R1_ASCEND_DISABLE=mindspeed_torch_compile — _build_rollout runs unwrapped: the rollout engine is built
 with MindSpeed's stand-in, so TorchAir graph mode runs uncompiled (slower decode; results unchanged). Use it on a
 MindSpeed build without the "torch.compile" entry once the error has told you so.
 """
@@ -42,24 +57,23 @@ import importlib
 import logging
 import threading
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ._errors import PatchTargetError
-
-if TYPE_CHECKING:
-    from ._registry import PatchSpec
+from ._install import install
+from ._registry import PatchSpec, spec_by_module
 
 logger = logging.getLogger(__name__)
 
-NAME = "mindspeed_torch_compile"
+#: This patch's registry name (the R1_ASCEND_DISABLE token).
+NAME = spec_by_module(__name__).name
+
 REGISTRY_KEY = "torch.compile"
 _REGISTRY_PATH = 'mindspeed.patch_utils.MindSpeedPatchesManager.patches_info["torch.compile"]'
 _lock = threading.RLock()
 
 
 def apply(spec: PatchSpec) -> None:
-    from r1_ascend.patches import install
-
     commit = spec.upstream_commits.get("mindspeed", "(unpinned)")
 
     def build(original: Callable[..., Any]) -> Callable[..., Any]:

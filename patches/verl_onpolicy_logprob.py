@@ -1,19 +1,28 @@
 """On an exactly on-policy update, reuse the current log-probs as old log-probs and skip that pass.
 
-Target: driver — verl.trainer.ppo.ray_trainer.RayPPOTrainer.init_workers (afterwards the trainer's actor worker
+Target:
+driver — verl.trainer.ppo.ray_trainer.RayPPOTrainer.init_workers (afterwards the trainer's actor worker
 group answers compute_log_prob without running it); worker — verl.workers.actor.megatron_actor
 MegatronPPOActor.forward_backward_batch (marks an on-policy update) and the module-level name get_policy_loss_fn
 that its inner loss_func looks up at call time (the policy loss then gets log_prob.detach() as old_log_prob).
-Upstream: verl 0.6.1 (RayPPOTrainer.fit's "old_log_prob" stage; megatron_actor's loss_func reading
+
+Upstream:
+verl 0.6.1 (RayPPOTrainer.fit's "old_log_prob" stage; megatron_actor's loss_func reading
 data["old_log_probs"]; dp_actor.DataParallelPPOActor.update_policy, whose on_policy branch, verl#3119, is the
 reference behaviour).
-Process: driver (the TaskRunner that runs RayPPOTrainer) and worker (the Megatron actor).
-Why: with ppo_epochs == 1 and one mini-batch equal to the train batch, the old policy is the current policy, so
+
+Process:
+driver (the TaskRunner that runs RayPPOTrainer) and worker (the Megatron actor).
+
+Why:
+with ppo_epochs == 1 and one mini-batch equal to the train batch, the old policy is the current policy, so
 the importance ratio must be exactly 1. verl's Megatron actor instead takes old log-probs from a separate
 forward-only pass (about a tenth of the step time at DeepSeek-V3 scale) that runs with other micro-batch sizes, so
 NPU kernels and MoE dispatch make the ratio differ from 1 and clipping acts on noise. verl's FSDP actor already
 uses log_prob.detach() in that case; the Megatron actor does not, and the trainer always runs the extra pass.
-How: switched on by the top-level config key r1_ascend.onpolicy_logprob_shortcut=true (verl's actor and algorithm
+
+How:
+switched on by the top-level config key r1_ascend.onpolicy_logprob_shortcut=true (verl's actor and algorithm
 dataclasses reject unknown keys, so it cannot live there). When the trainer's workers are built, the driver
 decides from the whole config: on only if ppo_epochs == 1, ppo_mini_batch_size == data.train_batch_size (verl
 multiplies both by rollout.n, so one mini-batch then holds the whole batch), use_kl_in_reward is false,
@@ -29,12 +38,18 @@ old_log_prob = log_prob.detach() (pg_clipfrac and ppo_kl are 0 by construction; 
 logged). A placeholder reaching a stock loss makes the loss NaN, so a half-applied overlay fails loudly.
 Lost metric: actor/entropy comes from the skipped pass and is logged as NaN (not measured); computing it in the
 update would keep the vocabulary-wide entropy in the backward graph at 671B scale.
-Upstream fix: none at verl 0.6.1. verl's rollout_correction.bypass_mode skips the pass but uses the rollout
+
+Upstream fix:
+none at verl 0.6.1. verl's rollout_correction.bypass_mode skips the pass but uses the rollout
 engine's log-probs (a different policy on NPU); an upstream on_policy branch in megatron_actor plus a trainer flag
 to skip compute_log_prob would make this patch unnecessary.
-Remove when: verl's megatron_actor.MegatronPPOActor uses log_prob.detach() when len(mini_batches) == 1 and
+
+Remove when:
+verl's megatron_actor.MegatronPPOActor uses log_prob.detach() when len(mini_batches) == 1 and
 ppo_epochs == 1, and RayPPOTrainer.fit skips actor_rollout_wg.compute_log_prob in that case.
-Disable: R1_ASCEND_DISABLE=verl_onpolicy_logprob — stock verl: the old-log-prob pass runs every step, actor/entropy
+
+Disable:
+R1_ASCEND_DISABLE=verl_onpolicy_logprob — stock verl: the old-log-prob pass runs every step, actor/entropy
 is measured, and the importance ratio is computed against the separate pass. Setting
 r1_ascend.onpolicy_logprob_shortcut=false (the default) has the same effect while leaving the patch installed.
 """
@@ -47,16 +62,17 @@ import functools
 import inspect
 import logging
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ._errors import PatchError
-
-if TYPE_CHECKING:
-    from ._registry import PatchSpec
+from ._install import install
+from ._registry import PatchSpec, spec_by_module
 
 logger = logging.getLogger(__name__)
 
-NAME = "verl_onpolicy_logprob"
+#: This patch's registry name (the R1_ASCEND_DISABLE token).
+NAME = spec_by_module(__name__).name
+
 #: The recipe switch (top level of the Hydra config; ``+r1_ascend.onpolicy_logprob_shortcut=true`` on the CLI).
 CONFIG_KEY = "r1_ascend.onpolicy_logprob_shortcut"
 #: meta_info key carried from the driver's placeholder to the actor update: the number of sequences in the batch.
@@ -70,8 +86,6 @@ _active: contextvars.ContextVar[bool] = contextvars.ContextVar("r1_ascend_onpoli
 
 
 def apply(spec: PatchSpec) -> None:
-    from r1_ascend.patches import install
-
     install(spec.name, spec.target("RayPPOTrainer.init_workers"), _build_init_workers)
     install(spec.name, spec.target("MegatronPPOActor.forward_backward_batch"), _build_forward_backward_batch)
     install(spec.name, spec.target("get_policy_loss_fn"), _build_get_policy_loss_fn)

@@ -61,23 +61,22 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from . import _rollout_guard as guard
-
-if TYPE_CHECKING:
-    from ._registry import PatchSpec
+from ._install import install
+from ._registry import PatchSpec, spec_by_module
+from .rules import rollout_guard as guard
 
 logger = logging.getLogger(__name__)
 
-NAME = "verl_rollout_guard"
+#: This patch's registry name (the R1_ASCEND_DISABLE token).
+NAME = spec_by_module(__name__).name
+
 #: Temperatures below this are greedy rows in vLLM's sampler (vllm.v1.sample.sampler._SAMPLING_EPS).
 GREEDY_EPS = 1e-5
 
 
 def apply(spec: PatchSpec) -> None:
-    from r1_ascend.patches import install
-
     install(spec.name, spec.target("RayPPOTrainer.fit"), _build_fit)
     install(spec.name, spec.target("compute_rollout_corr_metrics_from_logprobs"), _build_metrics_fn)
     install(spec.name, spec.target("Sampler.forward"), _build_sampler_forward)

@@ -64,17 +64,18 @@ import inspect
 import logging
 import textwrap
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ._errors import PatchTargetError
+from ._errors import PatchTargetError, TorchairGraphConfigError
+from ._install import install
+from ._registry import PatchSpec, spec_by_module
 from ._target import disable_hint
-
-if TYPE_CHECKING:
-    from ._registry import PatchSpec
 
 logger = logging.getLogger(__name__)
 
-NAME = "vllm_ascend_torchair_live_params"
+#: This patch's registry name (the R1_ASCEND_DISABLE token).
+NAME = spec_by_module(__name__).name
+
 METHOD = "NPUModelRunner._get_torchair_lazy_compiled_model"
 
 #: Calls and assignments of the upstream method that the replacement mirrors (dotted source as ``ast.unparse``
@@ -94,13 +95,7 @@ MIRRORED_SOURCE = (
 UPSTREAM_GLOBALS = ("torch", "torchair", "patch_for_hcom", "get_ascend_config", "envs_vllm")
 
 
-class TorchairGraphConfigError(RuntimeError):
-    """The TorchAir graph configuration cannot work with re-allocated rollout parameters."""
-
-
 def apply(spec: PatchSpec) -> None:
-    from r1_ascend.patches import install
-
     install(spec.name, spec.target(METHOD), build)
 
 

@@ -56,12 +56,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ._install import install
+from ._registry import PatchSpec, spec_by_module
 
-if TYPE_CHECKING:
-    from ._registry import PatchSpec
+#: This patch's registry name (the R1_ASCEND_DISABLE token).
+NAME = spec_by_module(__name__).name
 
 
 def apply(spec: PatchSpec) -> None:

@@ -51,19 +51,19 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ._errors import KVCacheConfigError
 from ._install import install
-from ._registry import PatchSpec
+from ._registry import PatchSpec, spec_by_module
 
 logger = logging.getLogger(__name__)
+
+#: This patch's registry name (the R1_ASCEND_DISABLE token).
+NAME = spec_by_module(__name__).name
 
 #: Attribute set on ``vllm.v1.engine.core.EngineCore`` instances: the per-worker list of ``KVCacheConfig``.
 KV_CACHE_CONFIGS_ATTR = "r1_ascend_kv_cache_configs"
 #: Open (a list) only while the wrapped ``_initialize_kv_caches`` runs in this thread/context.
 _capture: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar("r1_ascend_kv_capture", default=None)
-
-
-class KVCacheConfigError(RuntimeError):
-    """The KV-cache configs are missing or inconsistent, so caches cannot be rebuilt safely."""
 
 
 def check_block_counts(kv_cache_configs: Sequence[Any]) -> int:

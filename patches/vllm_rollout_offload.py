@@ -49,10 +49,15 @@ calls sleep/wake_up; on vllm-ascend 0.9.1 that frees nothing and DeepSeek-V3 tra
 
 from __future__ import annotations
 
+import importlib
+
 from ._errors import PatchTargetError
 from ._install import install
-from ._registry import PatchSpec
+from ._registry import PatchSpec, spec_by_module
 from ._target import disable_hint
+
+#: This patch's registry name (the R1_ASCEND_DISABLE token).
+NAME = spec_by_module(__name__).name
 
 #: The rollout class verl instantiates once this patch is applied (imported lazily by verl's get_rollout_class).
 ROLLOUT_CLASS_PATH = "r1_ascend.patches._rollout_vllm.NPUOffloadVLLMRollout"
@@ -63,9 +68,9 @@ STOCK_ROLLOUT_CLASS_PATH = "verl.workers.rollout.vllm_rollout.vLLMRollout"
 def build(original: str) -> str:
     if original != STOCK_ROLLOUT_CLASS_PATH:
         msg = (
-            f"patch 'vllm_rollout_offload': verl's rollout registry maps ('vllm', 'sync') to {original!r}, expected "
+            f"patch {NAME!r}: verl's rollout registry maps ('vllm', 'sync') to {original!r}, expected "
             f"the stock {STOCK_ROLLOUT_CLASS_PATH!r} that the offloading rollout extends. Something else replaced the "
-            f"rollout class. {disable_hint('vllm_rollout_offload')}"
+            f"rollout class. {disable_hint(NAME)}"
         )
         raise PatchTargetError(msg)
     return ROLLOUT_CLASS_PATH
@@ -73,3 +78,9 @@ def build(original: str) -> str:
 
 def apply(spec: PatchSpec) -> None:
     install(spec.name, spec.target("_ROLLOUT_REGISTRY"), build)
+
+
+def rollout_class() -> type:
+    """The offloading rollout class verl builds once this patch is applied (importing it imports verl and vLLM)."""
+    module, _, name = ROLLOUT_CLASS_PATH.rpartition(".")
+    return getattr(importlib.import_module(module), name)

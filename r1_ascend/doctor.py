@@ -1,8 +1,9 @@
 """``r1-ascend doctor``: the installed stack against the pins, the NPU/CANN environment, and every patch target.
 
 By default patch targets are checked in upstream *source* (fast, nothing heavy imported). ``--import`` also
-imports the upstream modules and resolves every target exactly as the installer will (slower; on a machine
-without an NPU it uses the torch_npu test stub so that vllm-ascend can be imported).
+imports the upstream modules and resolves every target exactly as the installer will (slower; it needs an
+importable ``torch_npu``: on a machine without an NPU run ``python -m r1_ascend.testing.cpu_doctor --import``,
+which puts the CPU test stub in place first).
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from r1_ascend.stack import check_installed, installed_version, pins
+from r1_ascend.stack import check_installed, pins
 
 if TYPE_CHECKING:
     from r1_ascend.patches import Target
-    from r1_ascend.patches._static import StaticResult
+    from r1_ascend.patches.source_check import StaticResult
 
 _CANN_VERSION_FILES = (
     "/usr/local/Ascend/ascend-toolkit/latest/version.cfg",
@@ -114,7 +115,7 @@ def environment_rows(npu_present: bool) -> list[Row]:
 
 def patch_rows(*, deep: bool) -> list[Row]:
     from r1_ascend.patches import PATCHES, PatchError, check_versions
-    from r1_ascend.patches._static import check_static
+    from r1_ascend.patches.source_check import check_static
 
     rows = []
     if deep:
@@ -142,16 +143,11 @@ def _prepare_deep_imports() -> None:
     # vLLM logs its platform and plugin discovery at INFO on import; the report should not drown in it.
     if "vllm" not in sys.modules:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    if installed_version("torch-npu") is None:
-        from r1_ascend.testing import npu_stub
-
-        npu_stub.install()
 
 
 def _deep_check(patch: str, target: Target) -> StaticResult:
-    from r1_ascend.patches import PatchError
-    from r1_ascend.patches._static import StaticResult
-    from r1_ascend.patches._target import check_signature, read_target
+    from r1_ascend.patches import PatchError, check_signature, read_target
+    from r1_ascend.patches.source_check import StaticResult
 
     try:
         with warnings.catch_warnings():

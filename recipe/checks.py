@@ -76,17 +76,15 @@ def check_recipe_config(
 
 def _switch_problems(environ: Mapping[str, str] | None) -> list[str]:
     from r1_ascend.patches import PatchConfigError
-    from r1_ascend.patches._apply import resolve_switches
+    from r1_ascend.patches.rules.switches import read_switches
 
-    disable_all = envs.disable_all(environ)
-    names = envs.disabled_patch_names(environ)
     try:
-        disabled = resolve_switches(names, disable_all=disable_all)
+        switches = read_switches(environ)
     except PatchConfigError as exc:
         return [str(exc)]
-    if disable_all:
+    if switches.disable_all:
         return [f"{envs.R1_ASCEND_DISABLE_ALL} is set: every patch is off and verl runs stock code. Unset it."]
-    if ROLLOUT_PATCH in disabled:
+    if not switches.enabled(ROLLOUT_PATCH):
         return [
             f"{envs.R1_ASCEND_DISABLE} contains {ROLLOUT_PATCH}: verl would build its stock vLLM rollout (sleep mode) "
             f"instead of the offloading one. Remove it from {envs.R1_ASCEND_DISABLE}."

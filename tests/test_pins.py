@@ -49,7 +49,7 @@ def _readme_version_table() -> dict[str, str]:
 
 
 def test_readme_version_table_is_the_pins() -> None:
-    """Regenerate with `python -m r1_ascend.patches._docs versions` after changing stack.toml."""
+    """Regenerate with `python -m r1_ascend.patches.docs versions` after changing stack.toml."""
     table = _readme_version_table()
     expected = {**pins()["packages"], "python": pins()["python"], "CANN": pins()["cann"]["version"]}
     expected["MindSpeed"] = pins()["sources"]["mindspeed"]["commit"]

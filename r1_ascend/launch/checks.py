@@ -24,6 +24,7 @@ from r1_ascend.launch.layout import (
 from r1_ascend.launch.memory import GIB, MemoryInputs, PhaseEstimate, estimate
 from r1_ascend.launch.model_info import ModelConfigError, ModelInfo, known_model, load_model_info
 from r1_ascend.launch.units import human_count, plural
+from r1_ascend.patches.rules.dp_layout import DpEpConfigError, check_env_dp_size, rollout_dp_size
 
 ERROR, WARNING, OK, SKIPPED = "error", "warning", "ok", "skipped"
 
@@ -68,8 +69,10 @@ def prepare(run: Run) -> None:
             run.model_error = str(exc)
     run.train = train_layout(cfg, run.world)
     tp = int(cfg.actor_rollout_ref.rollout.tensor_model_parallel_size)
-    if tp >= 1 and run.world % tp == 0:
-        run.rollout = RolloutLayout(run.world, tp, run.world // tp)
+    try:
+        run.rollout = RolloutLayout(run.world, tp, rollout_dp_size(run.world, tp))
+    except DpEpConfigError:
+        run.rollout = None  # reported by check_vllm_dp_size
     if run.model is not None:
         otc = cfg.actor_rollout_ref.actor.megatron.override_transformer_config
         try:
@@ -135,10 +138,10 @@ def check_world_size(run: Run) -> Iterator[Finding]:
 
 
 def check_vllm_dp_size(run: Run) -> Iterator[Finding]:
-    from r1_ascend.patches._dp_layout import DpEpConfigError, check_env_dp_size
-
     tp = int(run.config.actor_rollout_ref.rollout.tensor_model_parallel_size)
-    if tp < 1 or run.world % tp:
+    try:
+        dp = rollout_dp_size(run.world, tp)
+    except DpEpConfigError:
         yield Finding(
             "vllm_dp_size",
             ERROR,
@@ -146,7 +149,6 @@ def check_vllm_dp_size(run: Run) -> Iterator[Finding]:
             f"cannot span all ranks; choose a TP that divides {run.world}",
         )
         return
-    dp = run.world // tp
     raw = run.env.get("VLLM_DP_SIZE")
     try:
         check_env_dp_size(raw, dp_size=dp, world_size=run.world, tp_size=tp)
@@ -296,22 +298,17 @@ def check_recipe(run: Run) -> Iterator[Finding]:
         yield Finding("recipe_config", OK, f"rollout {rollout.name}/{rollout.mode} on {run.config.trainer.device}")
 
 
-def _patch_enabled(name: str, environ: Mapping[str, str]) -> bool:
-    """Whether the launch environment leaves patch ``name`` switched on (unknown names are reported elsewhere)."""
-    from r1_ascend import envs
-
-    return not envs.disable_all(environ) and name not in envs.disabled_patch_names(environ)
-
-
 def check_rollout_engine(run: Run) -> Iterator[Finding]:
-    from r1_ascend.patches._rollout_config import (
+    from r1_ascend.patches.rules.rollout_config import (
         RolloutConfigError,
         ascend_scheduler_options,
         check_batched_tokens,
         check_engine_options,
         max_model_len,
     )
+    from r1_ascend.patches.rules.switches import read_switches
 
+    switches = read_switches(run.full_env, strict=False)  # unknown names are reported by check_recipe
     rollout = run.config.actor_rollout_ref.rollout
     problems = []
     try:
@@ -325,12 +322,12 @@ def check_rollout_engine(run: Run) -> Iterator[Finding]:
             model_type=run.model.model_type,
             is_moe=run.model.is_moe,
             dp_size=dp_size,
-            dp_groups=_patch_enabled("vllm_dp_ep_groups", run.full_env),
-            offload=_patch_enabled("vllm_rollout_offload", run.full_env),
-            live_params=_patch_enabled("vllm_ascend_torchair_live_params", run.full_env),
+            dp_groups=switches.enabled("vllm_dp_ep_groups"),
+            offload=switches.enabled("vllm_rollout_offload"),
+            live_params=switches.enabled("vllm_ascend_torchair_live_params"),
         )
-    if _patch_enabled("verl_rollout_guard", run.full_env):
-        from r1_ascend.patches._rollout_guard import config_problems
+    if switches.enabled("verl_rollout_guard"):
+        from r1_ascend.patches.rules.rollout_guard import config_problems
 
         problems += config_problems(run.config)
     if not str(rollout.load_format).startswith("dummy"):

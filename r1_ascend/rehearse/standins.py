@@ -252,8 +252,9 @@ def _recorded(name: str, method: Any) -> Any:
 
 
 def _record_lifecycle() -> None:
-    from r1_ascend.patches._rollout_vllm import NPUOffloadVLLMRollout
+    from r1_ascend.patches.vllm_rollout_offload import rollout_class
 
+    NPUOffloadVLLMRollout = rollout_class()
     for name in ("release", "resume", "update_weights"):
         method = NPUOffloadVLLMRollout.__dict__[name]
         if not getattr(method, "__r1_rehearse__", False):

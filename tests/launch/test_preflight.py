@@ -290,10 +290,10 @@ def test_checkpoint_whose_keys_name_other_layers_is_reported(smoke_inputs, tmp_p
 
 
 def test_unresolvable_patch_target_is_reported(smoke_inputs, monkeypatch):
-    from r1_ascend.patches import _static
+    from r1_ascend.patches import source_check
 
-    real = _static.module_source_path
-    monkeypatch.setattr(_static, "module_source_path", lambda m: None if m.startswith("vllm.v1") else real(m))
+    real = source_check.module_source_path
+    monkeypatch.setattr(source_check, "module_source_path", lambda m: None if m.startswith("vllm.v1") else real(m))
     _, findings = _findings(smoke_inputs)
     assert "vllm_engine_kv_cache_configs" in _errors(findings, "patches")[0]
 

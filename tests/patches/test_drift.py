@@ -12,8 +12,7 @@ import inspect
 
 import pytest
 
-from r1_ascend.patches import PATCHES, PatchTargetError, Target, apply_one, installed_targets
-from r1_ascend.patches._target import resolve_owner
+from r1_ascend.patches import PATCHES, PatchTargetError, Target, apply_one, installed_targets, resolve_owner
 from r1_ascend.stack import installed_version, pins
 
 CASES = [(spec, target) for spec in PATCHES for target in spec.targets]

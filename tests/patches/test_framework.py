@@ -134,7 +134,6 @@ class TestInstall:
 def _demo_spec(name: str = "demo_patch", requires: dict[str, str] | None = None) -> PatchSpec:
     return PatchSpec(
         name=name,
-        summary="Shout greetings.",
         targets=(_greet_target(),),
         requires=MappingProxyType(requires if requires is not None else {"verl": "0.6.1"}),
         processes=("worker",),

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from r1_ascend.patches import PATCHES
-from r1_ascend.patches._docs import HEADINGS, patch_doc_sections, render_patch_table
-from r1_ascend.patches._registry import PROCESSES
+from r1_ascend.patches import PATCHES, PROCESSES
+from r1_ascend.patches.docs import HEADINGS, patch_doc_sections, render_patch_table
 from r1_ascend.stack import pins
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -64,7 +63,7 @@ def _readme_section(marker: str) -> str:
 def test_readme_patch_table_matches_registry() -> None:
     """The README patch table is exactly what the registry and the docstrings generate.
 
-    Regenerate it with `python -m r1_ascend.patches._docs` after changing a patch.
+    Regenerate it with `python -m r1_ascend.patches.docs` after changing a patch.
     """
     table = _readme_section("patch-table")
     assert table == render_patch_table()

@@ -18,8 +18,7 @@ import pytest
 import torch
 from omegaconf import DictConfig
 
-from r1_ascend.patches import PatchError, apply_one, patched_by, restore_all, spec_by_name
-from r1_ascend.patches import _apply as patch_apply
+from r1_ascend.patches import PatchError, apply_one, forget_applied, patched_by, restore_all, spec_by_name
 from r1_ascend.patches.verl_onpolicy_logprob import (
     CONFIG_KEY,
     MARKER,
@@ -132,7 +131,7 @@ def trainer_with_stub_init(monkeypatch: pytest.MonkeyPatch) -> Iterator[type]:
         yield RayPPOTrainer
     finally:  # undo the patch before monkeypatch puts verl's own init_workers back
         restore_all()
-        patch_apply.forget_applied()
+        forget_applied()
 
 
 def _rollout_batch(n: int) -> Any:

@@ -24,9 +24,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import DictConfig, OmegaConf
 
-from r1_ascend.patches import _apply as patch_apply
-from r1_ascend.patches import _rollout_guard as guard
-from r1_ascend.patches import apply_one, patched_by, restore_all, spec_by_name
+from r1_ascend.patches import apply_one, forget_applied, patched_by, restore_all, spec_by_name
+from r1_ascend.patches.rules import rollout_guard as guard
 from r1_ascend.patches.verl_onpolicy_logprob import PlaceholderLogProb
 
 SPEC = spec_by_name("verl_rollout_guard")
@@ -224,7 +223,7 @@ def trainer_class(monkeypatch: pytest.MonkeyPatch) -> Iterator[type]:
         yield RayPPOTrainer
     finally:
         restore_all()
-        patch_apply.forget_applied()
+        forget_applied()
 
 
 def _trainer(trainer_class: type, config: DictConfig, group: StandInWorkerGroup, *, shortcut: bool = False) -> Any:

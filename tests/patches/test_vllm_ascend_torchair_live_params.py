@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from r1_ascend.patches import PatchTargetError, apply_one, get_original, patched_by, restore_all, spec_by_name
-from r1_ascend.patches._rollout_config import check_engine_options
+from r1_ascend.patches.rules.rollout_config import check_engine_options
 from r1_ascend.patches.vllm_ascend_torchair_live_params import (
     METHOD,
     NAME,

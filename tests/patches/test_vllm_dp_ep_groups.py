@@ -24,9 +24,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from r1_ascend.patches import PatchTargetError, Target, apply_one, get_original, patched_by, spec_by_name
-from r1_ascend.patches._dp_groups_impl import DpEpGroupError, setup_rollout_groups
-from r1_ascend.patches._dp_layout import DpEpConfigError, check_rollout_config, plan_dp_ep_layout
+from r1_ascend.patches import (
+    DpEpGroupError,
+    PatchTargetError,
+    Target,
+    apply_one,
+    get_original,
+    patched_by,
+    spec_by_name,
+)
+from r1_ascend.patches._dp_groups_impl import setup_rollout_groups
 from r1_ascend.patches._dp_net import (
     NodeIpError,
     PortSelectionError,
@@ -36,6 +43,7 @@ from r1_ascend.patches._dp_net import (
     pick_free_port,
     reserved_port_ranges,
 )
+from r1_ascend.patches.rules.dp_layout import DpEpConfigError, check_rollout_config, plan_dp_ep_layout
 
 NAME = "vllm_dp_ep_groups"
 HERE = Path(__file__).resolve().parent
@@ -283,7 +291,7 @@ class TestPatch:
         assert not dist.is_initialized()
         config = SimpleNamespace(tensor_model_parallel_size=2, data_parallel_size=1, pipeline_model_parallel_size=1)
         with pytest.raises(DpEpGroupError, match=r"torch\.distributed is not initialised"):
-            setup_rollout_groups(config, env={})
+            setup_rollout_groups(config)
 
     def test_missing_target_is_a_documented_error(self, spec: Any, monkeypatch: pytest.MonkeyPatch) -> None:
         """Upstream drift (the class lost its own __init__) raises PatchTargetError naming target, versions, switch."""

@@ -192,7 +192,7 @@ def test_init_builds_engine_with_sleep_mode_off_through_stock_init(
 
 @pytest.mark.usefixtures("process_group", "built_llms")
 def test_init_refuses_free_cache_engine_false(rollout_module: types.ModuleType) -> None:
-    from r1_ascend.patches._rollout_config import RolloutConfigError
+    from r1_ascend.patches.rules.rollout_config import RolloutConfigError
 
     with pytest.raises(RolloutConfigError, match="free_cache_engine=True"):
         rollout_module.NPUOffloadVLLMRollout(_rollout_config(free_cache_engine=False), _model_config(), None)
@@ -202,7 +202,7 @@ def test_init_refuses_free_cache_engine_false(rollout_module: types.ModuleType) 
 def test_init_rejects_small_batches_under_ascend_scheduler_without_chunked_prefill(
     rollout_module: types.ModuleType, built_llms: list[dict[str, Any]]
 ) -> None:
-    from r1_ascend.patches._rollout_config import RolloutConfigError
+    from r1_ascend.patches.rules.rollout_config import RolloutConfigError
 
     ascend = {"vllm": {"additional_config": {"ascend_scheduler_config": {"enabled": True}}}}
     with pytest.raises(RolloutConfigError, match=r"max_num_batched_tokens>=4096"):
@@ -225,7 +225,7 @@ def test_batched_token_check_agrees_with_vllm_ascend_scheduler(
     from vllm_ascend.ascend_config import AscendSchedulerConfig as AscendOptions
     from vllm_ascend.core.schedule_config import AscendSchedulerConfig
 
-    from r1_ascend.patches._rollout_config import RolloutConfigError, check_batched_tokens
+    from r1_ascend.patches.rules.rollout_config import RolloutConfigError, check_batched_tokens
 
     options: dict[str, Any] = {"enabled": enabled}
     if chunked is not None:
@@ -455,8 +455,8 @@ def _engine_config(**vllm_kwargs: object) -> types.SimpleNamespace:
 
 def test_rollout_refuses_engine_options_vllm_ascend_rejects() -> None:
     """The rollout class re-checks the engine options on the cluster, before LLM() fails deep inside."""
-    from r1_ascend.patches._rollout_config import RolloutConfigError
     from r1_ascend.patches._rollout_vllm import _check_engine_options_for
+    from r1_ascend.patches.rules.rollout_config import RolloutConfigError
 
     deepseek = types.SimpleNamespace(hf_config=types.SimpleNamespace(model_type="deepseek_v3", n_routed_experts=256))
     with pytest.raises(RolloutConfigError, match="ACL Graph does not support deepseek"):
@@ -482,7 +482,7 @@ def test_rollout_refuses_engine_options_vllm_ascend_rejects() -> None:
     ],
 )
 def test_data_parallel_rollout_needs_expert_parallel_and_refresh(kwargs: dict, expected: str) -> None:
-    from r1_ascend.patches._rollout_config import check_engine_options
+    from r1_ascend.patches.rules.rollout_config import check_engine_options
 
     config = _engine_config(**kwargs)
     config.enforce_eager = True  # graph mode is checked separately

@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 from omegaconf import DictConfig
 
-from r1_ascend.patches import PATCHES, apply_one, restore_all, spec_by_name
-from r1_ascend.patches import _apply as patch_apply
+from r1_ascend.patches import PATCHES, apply_one, forget_applied, restore_all, spec_by_name
 from r1_ascend.recipe.checks import check_recipe_config
 from r1_ascend.recipe.runtime_env import EXTERNAL_MODULES, PRELUDE, add_overlay_to_config, ray_runtime_env
 
@@ -40,7 +39,7 @@ def overlay_rollout() -> Iterator[None]:
     apply_one(spec_by_name("vllm_rollout_offload"))
     yield
     restore_all()
-    patch_apply.forget_applied()
+    forget_applied()
 
 
 @pytest.fixture(scope="module")

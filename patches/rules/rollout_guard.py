@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .._errors import RolloutActorMismatchError, RolloutGuardConfigError
+
 #: Hydra key of the guard's settings (top level of the recipe config).
 CONFIG_KEY = "r1_ascend.rollout_guard"
 #: Stop threshold on the step's mean |Δ log-prob|, in nats (docs/rollout_guard.md).
@@ -39,14 +41,6 @@ LIKELY_CAUSES = (
     "the rollout and the actor use different sampling transforms (temperature, top_p/top_k < 1 in training)",
     "a kernel or precision change in one engine (FP8/INT8 rollout, a different attention backend)",
 )
-
-
-class RolloutGuardConfigError(ValueError):
-    """The guard's settings are invalid or contradict the rollout config."""
-
-
-class RolloutActorMismatchError(RuntimeError):
-    """The rollout's log-probs disagree with the actor's by more than healthy bf16 runs ever do."""
 
 
 @dataclass(frozen=True)

@@ -16,15 +16,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .._errors import DpEpConfigError
+
+__all__ = [
+    "VLLM_DP_SIZE",
+    "DpEpConfigError",
+    "RankGroups",
+    "check_env_dp_size",
+    "check_rollout_config",
+    "plan_dp_ep_layout",
+    "rollout_dp_size",
+]
+
 VLLM_DP_SIZE = "VLLM_DP_SIZE"
 
 
-class DpEpConfigError(ValueError):
-    """The rollout's parallel configuration cannot give one vLLM instance over all ranks."""
-
-
 @dataclass(frozen=True)
-class Layout:
+class RankGroups:
     """Where one rank sits in the rollout's single vLLM instance, and who its group peers are."""
 
     world_size: int
@@ -51,7 +59,7 @@ class Layout:
         return tuple(group[0] for group in self.dp_groups)
 
 
-def plan_dp_ep_layout(world_size: int, rank: int, tp_size: int, env_dp_size: str | int | None = None) -> Layout:
+def plan_dp_ep_layout(world_size: int, rank: int, tp_size: int, env_dp_size: str | int | None = None) -> RankGroups:
     """The layout of ``rank`` in a world of ``world_size`` ranks with rollout tensor parallelism ``tp_size``.
 
     ``env_dp_size`` is the raw ``VLLM_DP_SIZE`` value if the user exported one (``None`` or ``""`` if not); it
@@ -63,23 +71,13 @@ def plan_dp_ep_layout(world_size: int, rank: int, tp_size: int, env_dp_size: str
     if not 0 <= rank < world_size:
         msg = f"rank {rank} is outside the world of {world_size} ranks"
         raise DpEpConfigError(msg)
-    if tp_size < 1:
-        msg = f"actor_rollout_ref.rollout.tensor_model_parallel_size must be >= 1, got {tp_size}"
-        raise DpEpConfigError(msg)
-    if world_size % tp_size:
-        msg = (
-            f"the world size {world_size} is not divisible by the rollout tensor-parallel size {tp_size}, so one "
-            f"vLLM instance cannot span all ranks. Set actor_rollout_ref.rollout.tensor_model_parallel_size to a "
-            f"divisor of {world_size} (nodes x NPUs per node), or change the number of nodes."
-        )
-        raise DpEpConfigError(msg)
-    dp_size = world_size // tp_size
+    dp_size = rollout_dp_size(world_size, tp_size)
     check_env_dp_size(env_dp_size, dp_size=dp_size, world_size=world_size, tp_size=tp_size)
 
     tp_groups = tuple(tuple(range(d * tp_size, (d + 1) * tp_size)) for d in range(dp_size))
     dp_groups = tuple(tuple(range(t, world_size, tp_size)) for t in range(tp_size))
     dp_rank, tp_rank = divmod(rank, tp_size)
-    return Layout(
+    return RankGroups(
         world_size=world_size,
         rank=rank,
         tp_size=tp_size,
@@ -94,6 +92,25 @@ def plan_dp_ep_layout(world_size: int, rank: int, tp_size: int, env_dp_size: str
         tp_groups=tp_groups,
         dp_groups=dp_groups,
     )
+
+
+def rollout_dp_size(world_size: int, tp_size: int) -> int:
+    """The rollout's vLLM data-parallel size: one instance over every rank, so DP = world size / rollout TP.
+
+    Raises ``DpEpConfigError`` (what is wrong and how to fix it) when ``tp_size`` is not a positive divisor of
+    ``world_size``. This is the only place the rule is written; the patch, preflight and the recipe ask it.
+    """
+    if tp_size < 1:
+        msg = f"actor_rollout_ref.rollout.tensor_model_parallel_size must be >= 1, got {tp_size}"
+        raise DpEpConfigError(msg)
+    if world_size % tp_size:
+        msg = (
+            f"the world size {world_size} is not divisible by the rollout tensor-parallel size {tp_size}, so one "
+            f"vLLM instance cannot span all ranks. Set actor_rollout_ref.rollout.tensor_model_parallel_size to a "
+            f"divisor of {world_size} (nodes x NPUs per node), or change the number of nodes."
+        )
+        raise DpEpConfigError(msg)
+    return world_size // tp_size
 
 
 def check_env_dp_size(raw: str | int | None, *, dp_size: int, world_size: int, tp_size: int) -> None:

@@ -1,4 +1,6 @@
-"""Read the fixed headings of a patch module's docstring (the single source of each patch's documentation)."""
+"""Read the fixed headings of a patch module's docstring (the single source of each patch's documentation), and
+render the README's generated tables: ``python -m r1_ascend.patches.docs`` prints the patch table,
+``python -m r1_ascend.patches.docs versions`` the version table."""
 
 from __future__ import annotations
 
@@ -6,7 +8,9 @@ import importlib
 import re
 
 HEADINGS = ("Target", "Upstream", "Process", "Why", "How", "Upstream fix", "Remove when", "Disable")
-_HEADING_LINE = re.compile(rf"^({'|'.join(map(re.escape, HEADINGS))}):\s*(.*)$")
+#: A heading stands alone on its line; its text starts on the next line.
+_HEADING_LINE = re.compile(rf"^({'|'.join(map(re.escape, HEADINGS))}):$")
+_INLINE_HEADING = re.compile(rf"^({'|'.join(map(re.escape, HEADINGS))}):\s+\S")
 
 
 def patch_doc_sections(module_name: str) -> dict[str, str]:
@@ -23,12 +27,15 @@ def patch_doc_sections(module_name: str) -> dict[str, str]:
     current = "Summary"
     for line in lines[1:]:
         match = _HEADING_LINE.match(line.strip())
+        if _INLINE_HEADING.match(line.strip()):
+            msg = f"{module_name}: heading in {line.strip()[:40]!r} must stand on its own line, its text below it"
+            raise ValueError(msg)
         if match:
             current = match.group(1)
             if current in sections:
                 msg = f"{module_name}: heading {current!r} appears twice"
                 raise ValueError(msg)
-            sections[current] = [match.group(2)] if match.group(2) else []
+            sections[current] = []
         elif current == "Summary" and not line.strip():
             continue
         else:

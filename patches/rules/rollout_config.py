@@ -5,9 +5,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .._errors import RolloutConfigError
 
-class RolloutConfigError(ValueError):
-    """The rollout config cannot work with the offloading rollout on vllm-ascend."""
+__all__ = [
+    "RolloutConfigError",
+    "ascend_scheduler_options",
+    "check_batched_tokens",
+    "check_engine_options",
+    "check_free_cache_engine",
+    "max_model_len",
+    "stock_length_check_would_fail",
+    "vllm_engine_kwargs",
+]
 
 
 def max_model_len(config: Any) -> int:

@@ -1,0 +1,12 @@
+"""The overlay's pure rules: what a configuration must satisfy for a patch to work, with no side effects.
+
+The patches enforce these rules at run time; ``r1-ascend preflight``, ``r1-ascend doctor`` and the recipe's start-up
+checks import the same functions, so each rule has exactly one definition:
+
+- ``switches``: which patches the ``R1_ASCEND_DISABLE*`` switches turn off;
+- ``dp_layout``: the rollout's vLLM DP size (world / rollout TP) and every rank's TP/DP/EP groups
+  (``vllm_dp_ep_groups``);
+- ``rollout_config``: rollout engine options the offloading rollout and vllm-ascend 0.9.1 accept
+  (``vllm_rollout_offload``, ``vllm_ascend_torchair_live_params``);
+- ``rollout_guard``: the guard's settings, statistic and stop rule (``verl_rollout_guard``).
+"""
