@@ -41,13 +41,16 @@ def check_versions(spec: PatchSpec) -> None:
     for dist, wanted in spec.requires.items():
         found = installed_version(dist)
         if found is None or found.split("+", 1)[0] != wanted:
-            msg = (
-                f"patch {spec.name!r} was written for {dist}=={wanted}, but {dist} is "
-                f"{'not installed' if found is None else found}. Install the pinned stack (r1_ascend/stack.toml), "
-                f"or, if you are upgrading, check the patch's 'Remove when' condition and disable it with "
-                f"R1_ASCEND_DISABLE={spec.name}."
-            )
-            raise PatchVersionError(msg)
+            raise PatchVersionError(_version_mismatch(spec.name, dist, wanted, found))
+
+
+def _version_mismatch(patch: str, dist: str, wanted: str, found: str | None) -> str:
+    installed = "not installed" if found is None else found
+    fix = (
+        "Install the pinned stack (r1_ascend/stack.toml), or, if you are upgrading, check the patch's 'Remove when' "
+        f"condition and disable it with R1_ASCEND_DISABLE={patch}."
+    )
+    return f"patch {patch!r} was written for {dist}=={wanted}, but {dist} is {installed}. {fix}"
 
 
 def check_targets(spec: PatchSpec) -> None:

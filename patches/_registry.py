@@ -47,6 +47,20 @@ class PatchSpec:
 
 _SPMD = "verl.workers.rollout.vllm_rollout.vllm_rollout_spmd"
 _MEGATRON_WORKERS = "verl.workers.megatron_workers"
+_TRAINER = "verl.trainer.ppo.ray_trainer"
+_ACTOR = "verl.workers.actor.megatron_actor"
+#: Parameters of verl 0.6.1 ``MegatronPPOActor.forward_backward_batch``.
+_FORWARD_BACKWARD_PARAMS = (
+    "self",
+    "data",
+    "forward_only",
+    "post_process_fn",
+    "calculate_entropy",
+    "use_dynamic_bsz",
+    "micro_batch_size",
+    "max_token_len",
+    "mini_batch_size",
+)
 
 PATCHES: tuple[PatchSpec, ...] = (
     PatchSpec(
@@ -111,24 +125,9 @@ PATCHES: tuple[PatchSpec, ...] = (
     PatchSpec(
         name="verl_onpolicy_logprob",
         targets=(
-            Target("verl.trainer.ppo.ray_trainer", "RayPPOTrainer.init_workers", "verl", params=("self",)),
-            Target(
-                "verl.workers.actor.megatron_actor",
-                "MegatronPPOActor.forward_backward_batch",
-                "verl",
-                params=(
-                    "self",
-                    "data",
-                    "forward_only",
-                    "post_process_fn",
-                    "calculate_entropy",
-                    "use_dynamic_bsz",
-                    "micro_batch_size",
-                    "max_token_len",
-                    "mini_batch_size",
-                ),
-            ),
-            Target("verl.workers.actor.megatron_actor", "get_policy_loss_fn", "verl", params=("name",)),
+            Target(_TRAINER, "RayPPOTrainer.init_workers", "verl", params=("self",)),
+            Target(_ACTOR, "MegatronPPOActor.forward_backward_batch", "verl", params=_FORWARD_BACKWARD_PARAMS),
+            Target(_ACTOR, "get_policy_loss_fn", "verl", params=("name",)),
         ),
         requires=MappingProxyType({"verl": "0.6.1"}),
         processes=("driver", "worker"),
@@ -136,7 +135,7 @@ PATCHES: tuple[PatchSpec, ...] = (
     PatchSpec(
         name="verl_rollout_guard",
         targets=(
-            Target("verl.trainer.ppo.ray_trainer", "RayPPOTrainer.fit", "verl", params=("self",)),
+            Target(_TRAINER, "RayPPOTrainer.fit", "verl", params=("self",)),
             Target(
                 "verl.trainer.ppo.rollout_corr_helper",
                 "compute_rollout_corr_metrics_from_logprobs",
@@ -153,16 +152,17 @@ PATCHES: tuple[PatchSpec, ...] = (
 
 def spec_by_module(module: str) -> PatchSpec:
     """The spec of the patch implemented by ``module`` (a patch module passes its ``__name__``)."""
-    for spec in PATCHES:
-        if spec.module == module:
-            return spec
-    msg = f"{module} is not a registered patch module; registered: {', '.join(s.module for s in PATCHES)}"
-    raise KeyError(msg)
+    return _find("module", module)
 
 
 def spec_by_name(name: str) -> PatchSpec:
-    for spec in PATCHES:
-        if spec.name == name:
-            return spec
-    msg = f"unknown patch {name!r}; known patches: {', '.join(s.name for s in PATCHES)}"
-    raise KeyError(msg)
+    return _find("name", name)
+
+
+def _find(field_name: str, value: str) -> PatchSpec:
+    found = [spec for spec in PATCHES if getattr(spec, field_name) == value]
+    if not found:
+        known = ", ".join(getattr(spec, field_name) for spec in PATCHES)
+        msg = f"unknown patch {field_name} {value!r}; known: {known}"
+        raise KeyError(msg)
+    return found[0]

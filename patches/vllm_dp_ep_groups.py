@@ -25,7 +25,7 @@ port with no free-port check (collisions with HCCL/Ray ports).
 How:
 Before the stock ``__init__`` runs, ``_dp_groups_impl.setup_rollout_groups`` (1) requires verl's
 ``rollout.data_parallel_size == 1`` and ``pipeline_model_parallel_size == 1``, (2) plans the layout from the
-real torch.distributed world (``_dp_layout.plan_dp_ep_layout``: DP = world / TP, error if not divisible or if an
+real torch.distributed world (``rules.dp_layout.plan_dp_ep_layout``: DP = world / TP, error if not divisible or if an
 exported ``VLLM_DP_SIZE`` disagrees), (3) exports ``VLLM_DP_SIZE``/``VLLM_DP_RANK``, imports ``vllm`` then
 ``vllm_ascend.patch.worker`` (``GroupCoordinatorPatch`` with ``all_to_all``), calls
 ``init_distributed_environment(world, rank, "env://", LOCAL_RANK, hccl)`` and ``initialize_model_parallel(tp)``
@@ -43,7 +43,7 @@ rollout (volcengine/verl#4411) in favour of the async server rollout, which sets
 
 Remove when:
 the rollout no longer goes through verl's SPMD ``vLLMRollout`` (verl >= 0.7.0 contains volcengine/verl#4411,
-which deleted it); then delete this module, ``_dp_layout.py``, ``_dp_net.py``, ``_dp_groups_impl.py``, the registry
+which deleted it); then delete this module, ``rules/dp_layout.py``, ``_dp_net.py``, ``_dp_groups_impl.py``, the registry
 entry and tests/patches/test_vllm_dp_ep_groups.py.
 
 Disable:

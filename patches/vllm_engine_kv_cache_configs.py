@@ -88,7 +88,7 @@ def saved_kv_cache_configs(engine_core: Any) -> list[Any]:
     if configs is None:
         msg = (
             f"the vLLM engine core {type(engine_core).__name__} has no saved KV-cache configs "
-            f"({KV_CACHE_CONFIGS_ATTR!r}): the patch vllm_engine_kv_cache_configs was not applied before the engine "
+            f"({KV_CACHE_CONFIGS_ATTR!r}): the patch {NAME} was not applied before the engine "
             f"was built (disabled via R1_ASCEND_DISABLE, or the overlay prelude did not run in this process). "
             f"Enable it, or disable vllm_rollout_offload as well to fall back to the stock rollout."
         )
@@ -121,7 +121,7 @@ def build(original: Callable[..., Any]) -> Callable[..., Any]:
         if not sink:
             msg = (
                 "EngineCore._initialize_kv_caches returned without calling unify_kv_cache_configs; vLLM changed how "
-                "it initialises KV caches and the patch vllm_engine_kv_cache_configs must be revised (or disabled "
+                f"it initialises KV caches and the patch {NAME} must be revised (or disabled "
                 "together with vllm_rollout_offload)."
             )
             raise KVCacheConfigError(msg)
@@ -131,7 +131,7 @@ def build(original: Callable[..., Any]) -> Callable[..., Any]:
             msg = (
                 "EngineCore._initialize_kv_caches sized the scheduler from a KV-cache config that is not the first of "
                 "the list vLLM unified for the workers; vLLM changed how it initialises KV caches and the patch "
-                "vllm_engine_kv_cache_configs must be revised (or disabled together with vllm_rollout_offload)."
+                f"{NAME} must be revised (or disabled together with vllm_rollout_offload)."
             )
             raise KVCacheConfigError(msg)
         setattr(self, KV_CACHE_CONFIGS_ATTR, configs)

@@ -39,15 +39,6 @@ if [[ -n "${nic}" ]]; then
 fi
 unset nic
 
-# --- vLLM data-parallel size: derived, never hand-set ---------------------------------------------------------
-# One vLLM instance spans all ranks: VLLM_DP_SIZE = NNODES x NPUS_PER_NODE / rollout TP (ROLLOUT_TP, default 2 as in
-# every shipped config). `r1-ascend preflight` checks it against the resolved config.
-if [[ -z "${VLLM_DP_SIZE:-}" && -n "${NNODES:-}" && -n "${NPUS_PER_NODE:-}" ]]; then
-    rollout_tp="${ROLLOUT_TP:-2}"
-    if (( (NNODES * NPUS_PER_NODE) % rollout_tp != 0 )); then
-        echo "error: NNODES x NPUS_PER_NODE = $((NNODES * NPUS_PER_NODE)) is not divisible by ROLLOUT_TP=${rollout_tp}" >&2
-        return 1
-    fi
-    export VLLM_DP_SIZE="$(( NNODES * NPUS_PER_NODE / rollout_tp ))"
-    unset rollout_tp
-fi
+# --- vLLM data-parallel size: not set here -------------------------------------------------------------------
+# The vllm_dp_ep_groups patch derives VLLM_DP_SIZE = world size / rollout TP in every rollout worker, where vLLM reads
+# it, and rejects an exported value that disagrees; `r1-ascend preflight` checks an exported one against the config.

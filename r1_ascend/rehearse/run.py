@@ -107,7 +107,6 @@ def node_envs(out: Path, plan: Plan, launch: Path) -> tuple[list[dict[str, str]]
         "PYTHONPATH": os.pathsep.join(filter(None, [str(SITE), os.environ.get("PYTHONPATH", "")])),
         "NNODES": str(plan.nodes),
         "NPUS_PER_NODE": str(plan.npus_per_node),
-        "ROLLOUT_TP": str(plan.world),
         "MASTER_ADDR": "127.0.0.2",
         "RAY_PORT": str(port),
         "RAY_NUM_CPUS": "2",

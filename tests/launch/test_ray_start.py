@@ -215,7 +215,8 @@ def test_head_waits_for_all_npus_then_launches(cluster_env, netns):
     # The launched driver's bare ray.init() joined the assembled cluster: both nodes, all their NPUs.
     assert seen["nodes"] == [HEAD_IP, WORKER_IP], seen
     assert seen["npus"] == 32.0, seen
-    assert (seen["dp"], seen["master"]) == ("16", HEAD_IP)  # VLLM_DP_SIZE = 2 x 16 / 2, exported to the launch
+    # VLLM_DP_SIZE is not exported: the rollout's DP/EP patch derives it in each worker
+    assert (seen["dp"], seen["master"]) == (None, HEAD_IP)
 
     pids = [p for temp in temp_dirs.values() for p in _pids_under(temp)]
     assert pids, "no Ray processes found under the test's temp dirs"

@@ -32,8 +32,8 @@ def _env(**extra):
     return {**env, "PYTHON": sys.executable, **extra}
 
 
-def test_npu_env_derives_vllm_dp_size():
-    code = 'source scripts/npu_env.sh && echo "$VLLM_DP_SIZE $HCCL_SOCKET_IFNAME $VERL_USE_EXTERNAL_MODULES"'
+def test_npu_env_leaves_vllm_dp_size_to_the_rollout_patch():
+    code = 'source scripts/npu_env.sh && echo "${VLLM_DP_SIZE-unset} $HCCL_SOCKET_IFNAME $VERL_USE_EXTERNAL_MODULES"'
     out = subprocess.run(
         ["bash", "-c", code],
         env=_env(NNODES="16", NPUS_PER_NODE="16", SOCKET_IFNAME="eth7"),
@@ -42,15 +42,8 @@ def test_npu_env_derives_vllm_dp_size():
         text=True,
         check=True,
     )
-    assert out.stdout.split() == ["128", "eth7", "r1_ascend.patches.prelude"]
-
-
-def test_npu_env_refuses_a_tp_that_does_not_divide_the_world():
-    code = "source scripts/npu_env.sh"
-    done = subprocess.run(
-        ["bash", "-c", code], env=_env(NNODES="1", NPUS_PER_NODE="6", ROLLOUT_TP="4"), cwd=REPO, capture_output=True
-    )
-    assert done.returncode != 0
+    # the vllm_dp_ep_groups patch derives VLLM_DP_SIZE in each rollout worker (r1_ascend.patches.rules.dp_layout)
+    assert out.stdout.split() == ["unset", "eth7", "r1_ascend.patches.prelude"]
 
 
 def test_run_script_dry_run_prints_the_command(smoke_inputs):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
 import re
 from pathlib import Path
 
@@ -51,6 +53,43 @@ def test_patch_declared_versions_are_the_pins(name: str) -> None:
         assert f"{dist} {version}" in sections["Upstream"] or f"{dist}=={version}" in sections["Upstream"], (
             f"{name}: docstring Upstream does not name {dist} {version}"
         )
+
+
+@pytest.mark.parametrize("name", PATCH_NAMES)
+def test_patch_module_follows_the_convention(name: str) -> None:
+    """One way to write a patch module: ``install`` from ``._install``, the name from the registry, never a literal."""
+    path = REPO_ROOT / "patches" / f"{name}.py"
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    imports = {
+        (node.level, node.module, alias.name)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    assert (1, "_install", "install") in imports, f"{name}: import install as `from ._install import install`"
+    assert (1, "_registry", "spec_by_module") in imports, f"{name}: take NAME from `spec_by_module(__name__)`"
+    others = {(level, module) for level, module, alias in imports if alias == "install"} - {(1, "_install")}
+    assert not others, f"{name}: install imported another way too: {others}"
+    module = importlib.import_module(f"r1_ascend.patches.{name}")
+    assert name == module.NAME, f"{name}: NAME is {module.NAME!r}"
+    docstring = ast.get_docstring(tree, clean=False)
+    literals = [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value != docstring
+        if re.search(rf"\b{name}\b", node.value)
+    ]
+    assert not literals, f"{name}: patch name hard-coded on line(s) {literals}; use NAME or spec.name"
+    assert callable(module.apply), f"{name}: no apply(spec)"
+
+
+def test_inline_headings_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Headings stand alone on their line: the inline style (``Target: ...``) is an error, not a second style."""
+    module = tmp_path / "r1_inline_doc_patch.py"
+    module.write_text('"""Summary.\n\nTarget: something inline.\n"""\n', encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError, match="must stand on its own line"):
+        patch_doc_sections("r1_inline_doc_patch")
 
 
 def _readme_section(marker: str) -> str:
