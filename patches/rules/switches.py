@@ -14,6 +14,8 @@ from r1_ascend import envs
 from .._errors import PatchConfigError
 from .._registry import PATCHES, PatchSpec
 
+__all__ = ["Switches", "read_switches"]
+
 
 @dataclass(frozen=True)
 class Switches:
