@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from r1_ascend.data.files import atomic_path, write_text_atomic
+from r1_ascend.atomic import atomic_path, atomic_write_text
 from r1_ascend.data.readers import InputFormatError, read_records
 from r1_ascend.data.rows import REASONS, Problem, RowError, dedup_key, to_verl_row, validate_record
 from r1_ascend.data.schema import write_parquet
@@ -291,7 +291,7 @@ def _finish(
     summary.example_rendered_prompt = render_deepseek_v3(prompt)
     summary.per_data_source = dict(sorted(summary.per_data_source.items()))
     summary.outputs.append(name)
-    write_text_atomic(out / name, summary.to_json())
+    atomic_write_text(out / name, summary.to_json())
 
 
 def _test_rows(test_size: int | float, n_rows: int) -> int:

@@ -7,8 +7,8 @@ import logging
 import sys
 from pathlib import Path
 
+from r1_ascend.parallel import Layout
 from r1_ascend.weights.errors import WeightsError
-from r1_ascend.weights.mcore_plan import Layout
 
 
 def _layout_args(p: argparse.ArgumentParser) -> None:

@@ -17,56 +17,28 @@ from typing import Any
 
 import torch
 
+from r1_ascend.parallel import Layout, LayoutError
 from r1_ascend.weights.errors import WeightsError
 
 #: Largest chunk written for a replicated or row-split tensor (bounds the writer's memory; see _row_pieces).
 MAX_PIECE_BYTES = 256 << 20
 
 
-@dataclass(frozen=True)
-class Layout:
-    """Parallel layout used to chunk the checkpoint; ``pp_layers`` is the layer count per pipeline stage."""
-
-    tp: int = 1
-    pp: int = 1
-    ep: int = 1
-    pp_layers: tuple[int, ...] = ()
-
-    def stage_layers(self, num_layers: int) -> tuple[int, ...]:
-        if self.pp_layers:
-            if len(self.pp_layers) != self.pp or sum(self.pp_layers) != num_layers:
-                msg = f"--pp-layers {list(self.pp_layers)} must have {self.pp} entries summing to {num_layers}"
-                raise WeightsError(msg)
-            return self.pp_layers
-        if num_layers < self.pp:
-            msg = f"pp={self.pp} is larger than the {num_layers} decoder layers"
-            raise WeightsError(msg)
-        base, extra = divmod(num_layers, self.pp)
-        return tuple(base + (1 if s < extra else 0) for s in range(self.pp))
-
-    def check(self, cfg: dict[str, Any]) -> None:
-        """Refuse a layout the model cannot take, naming every reason at once (nothing is written before this)."""
-        problems = [
-            f"{k}={v} must be at least 1" for k, v in (("tp", self.tp), ("pp", self.pp), ("ep", self.ep)) if v < 1
-        ]
-        if not problems:
-            problems += _layout_problems(self, cfg)
-        if problems:
-            msg = (
-                f"layout tp={self.tp} pp={self.pp} ep={self.ep}"
-                + (f" pp_layers={list(self.pp_layers)}" if self.pp_layers else "")
-                + " does not fit the model: "
-                + "; ".join(problems)
-                + ". Pick sizes that divide these dimensions."
-            )
-            raise WeightsError(msg)
-
-    @property
-    def world_size(self) -> int:
-        return self.tp * self.pp * self.ep
-
-    def rank(self, stage: int, ep_rank: int, tp_rank: int) -> int:
-        return (stage * self.ep + ep_rank) * self.tp + tp_rank
+def check_layout(layout: Layout, cfg: dict[str, Any]) -> None:
+    """Refuse a layout the model cannot take, naming every reason at once (nothing is written before this)."""
+    sizes = (("tp", layout.tp), ("pp", layout.pp), ("ep", layout.ep))
+    problems = [f"{k}={v} must be at least 1" for k, v in sizes if v < 1]
+    if not problems:
+        problems += _layout_problems(layout, cfg)
+    if problems:
+        msg = (
+            f"layout tp={layout.tp} pp={layout.pp} ep={layout.ep}"
+            + (f" pp_layers={list(layout.pp_layers)}" if layout.pp_layers else "")
+            + " does not fit the model: "
+            + "; ".join(problems)
+            + ". Pick sizes that divide these dimensions."
+        )
+        raise WeightsError(msg)
 
 
 def _layout_problems(layout: Layout, cfg: dict[str, Any]) -> list[str]:
@@ -89,16 +61,10 @@ def _layout_problems(layout: Layout, cfg: dict[str, Any]) -> list[str]:
             out.append(f"tp={tp} does not divide {what} = {n}")
     if cfg["n_routed_experts"] % layout.ep:
         out.append(f"ep={layout.ep} does not divide n_routed_experts = {cfg['n_routed_experts']}")
-    n_layers = cfg["num_hidden_layers"]
-    if layout.pp_layers:
-        if len(layout.pp_layers) != layout.pp:
-            out.append(f"--pp-layers has {len(layout.pp_layers)} stages, pp={layout.pp}")
-        if sum(layout.pp_layers) != n_layers:
-            out.append(f"--pp-layers sums to {sum(layout.pp_layers)}, the model has num_hidden_layers = {n_layers}")
-        if any(n < 1 for n in layout.pp_layers):
-            out.append("every pipeline stage needs at least one layer")
-    elif layout.pp > n_layers:
-        out.append(f"pp={layout.pp} exceeds num_hidden_layers = {n_layers}")
+    try:
+        layout.stage_layers(cfg["num_hidden_layers"])
+    except LayoutError as exc:
+        out.append(str(exc))
     return out
 
 
@@ -251,7 +217,7 @@ def build_plan(cfg: dict[str, Any], layout: Layout, *, extra_state: bool = True)
     nh, ql, kvl = cfg["num_attention_heads"], cfg.get("q_lora_rank"), cfg["kv_lora_rank"]
     qn, qr, vd = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
     e_total, mf, shared = cfg["n_routed_experts"], cfg["moe_intermediate_size"], cfg["n_shared_experts"]
-    layout.check(cfg)
+    check_layout(layout, cfg)
     if cfg.get("tie_word_embeddings"):
         msg = "tied embeddings are not DeepSeek-V3; this converter maps embed_tokens and lm_head separately"
         raise WeightsError(msg)

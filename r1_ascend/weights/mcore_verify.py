@@ -19,8 +19,9 @@ from typing import Any
 
 import torch
 
+from r1_ascend.parallel import Layout
 from r1_ascend.weights.errors import CheckpointFormatError
-from r1_ascend.weights.mcore_plan import DistTensor, Layout, MegatronPlan, build_plan
+from r1_ascend.weights.mcore_plan import DistTensor, MegatronPlan, build_plan, check_layout
 from r1_ascend.weights.safetensors_io import PT_METADATA
 from r1_ascend.weights.source import INDEX_NAME, HFCheckpoint
 
@@ -236,7 +237,7 @@ def verify_megatron(
     check_megatron_inventory(ckpt_dir, build_plan(source.config, Layout(), extra_state=extra_state))
     total = 0
     for layout in layouts or [Layout()]:
-        Layout(tp=layout.tp, ep=layout.ep).check(source.config)
+        check_layout(Layout(tp=layout.tp, ep=layout.ep), source.config)
     for layout in layouts or [Layout()]:
         world = layout.tp * layout.ep
         args = (ckpt_dir, hf_dir, Layout(tp=layout.tp, ep=layout.ep), extra_state)

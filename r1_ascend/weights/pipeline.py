@@ -6,9 +6,9 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from r1_ascend.parallel import Layout
 from r1_ascend.weights.config_fix import fix_checkpoint
 from r1_ascend.weights.dequant import convert_fp8_to_bf16, verify_bf16
-from r1_ascend.weights.mcore_plan import Layout
 from r1_ascend.weights.mcore_writer import convert_hf_to_megatron
 
 log = logging.getLogger(__name__)

@@ -202,13 +202,3 @@ class StreamingWriter:
         if self._next != len(self._layout):
             msg = f"internal error: {len(self._layout) - self._next} tensors left unwritten"
             raise RuntimeError(msg)
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Small files (index, config, manifests): write a sibling temp file, fsync, rename."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with tmp.open("wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
