@@ -92,6 +92,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     _setup_logging()
     try:
         instruction = _read_instruction(args.instruction_file)
+        common = {
+            "placement": args.template_placement,
+            "instruction": instruction,
+            "strict": args.strict,
+            "overwrite": args.overwrite,
+        }
         if args.val:
             if args.input:
                 parser.error("--val builds validation sets; give your own files as --val-set NAME=PATH, not --input")
@@ -109,29 +115,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"{', '.join(training_only)} only apply to training data; validation sets are written in file "
                     "order with one data_source per set (see --val-set)"
                 )
-            summary = prepare_val(
-                args.output_dir,
-                val_sets=args.val_set,
-                layout=args.val_layout,
-                placement=args.template_placement,
-                instruction=instruction,
-                strict=args.strict,
-                overwrite=args.overwrite,
-            )
+            summary = prepare_val(args.output_dir, val_sets=args.val_set, layout=args.val_layout, **common)
         else:
             if not args.input:
                 parser.error("give at least one --input FILE (or --val for the validation sets)")
-            summary = prepare(
-                args.input,
-                args.output_dir,
-                data_source=args.data_source,
-                seed=args.seed,
-                test_size=args.test_size,
-                placement=args.template_placement,
-                instruction=instruction,
-                strict=args.strict,
-                overwrite=args.overwrite,
-            )
+            training = {"data_source": args.data_source, "seed": args.seed, "test_size": args.test_size}
+            summary = prepare(args.input, args.output_dir, **training, **common)
     except (DataError, InputFormatError, OSError) as exc:
         print(f"r1-ascend prepare-data: error: {exc}", file=sys.stderr)
         return 1

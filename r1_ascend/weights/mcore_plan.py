@@ -94,10 +94,7 @@ class DistTensor:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.global_shape:
-            n *= d
-        return n
+        return math.prod(self.global_shape)
 
 
 @dataclass(frozen=True)
@@ -179,9 +176,10 @@ class _Builder:
             offsets = (a,) + (0,) * (len(t.global_shape) - 1)
             t.pieces.append(Piece(offsets, (b - a, *t.global_shape[1:]), src, (a, b), None, rank))
 
-    def replicated(self, key: str, src: str, shape: tuple[int, ...], rank: int, layer: int | None, dtype=None):
+    def replicated(self, key: str, src: str, shape: tuple[int, ...], stage: int, layer: int | None, dtype=None):
+        """A tensor every TP/EP rank holds whole: stored once, by the stage's first rank."""
         t = self._add(key, shape, dtype or torch.bfloat16, layer, "replicated", (src,))
-        self._row_pieces(t, src, 0, shape[0], rank)
+        self._row_pieces(t, src, 0, shape[0], self.layout.rank(stage, 0, 0))
         self.consumed.add(src)
 
     def split_rows(self, key: str, src: str, shape: tuple[int, int], stage: int, ep_rank: int, layer: int | None):
@@ -233,29 +231,17 @@ def build_plan(cfg: dict[str, Any], layout: Layout, *, extra_state: bool = True)
         s = stage_of[layer]
         hf, mc = f"model.layers.{layer}.", f"decoder.layers.{layer}."
         att, sa = hf + "self_attn.", mc + "self_attention."
-        b.replicated(mc + "input_layernorm.weight", hf + "input_layernorm.weight", (h,), layout.rank(s, 0, 0), layer)
+        b.replicated(mc + "input_layernorm.weight", hf + "input_layernorm.weight", (h,), s, layer)
         if ql:
             b.split_rows(sa + "linear_q_down_proj.weight", att + "q_a_proj.weight", (ql, h), s, 0, layer)
-            b.replicated(
-                sa + "linear_q_up_proj.layer_norm_weight",
-                att + "q_a_layernorm.weight",
-                (ql,),
-                layout.rank(s, 0, 0),
-                layer,
-            )
+            b.replicated(sa + "linear_q_up_proj.layer_norm_weight", att + "q_a_layernorm.weight", (ql,), s, layer)
             b.split_rows(sa + "linear_q_up_proj.weight", att + "q_b_proj.weight", (nh * (qn + qr), ql), s, 0, layer)
             q_modules = ("linear_q_down_proj", "linear_q_up_proj")
         else:
             b.split_rows(sa + "linear_q_proj.weight", att + "q_proj.weight", (nh * (qn + qr), h), s, 0, layer)
             q_modules = ("linear_q_proj",)
         b.split_rows(sa + "linear_kv_down_proj.weight", att + "kv_a_proj_with_mqa.weight", (kvl + qr, h), s, 0, layer)
-        b.replicated(
-            sa + "linear_kv_up_proj.layer_norm_weight",
-            att + "kv_a_layernorm.weight",
-            (kvl,),
-            layout.rank(s, 0, 0),
-            layer,
-        )
+        b.replicated(sa + "linear_kv_up_proj.layer_norm_weight", att + "kv_a_layernorm.weight", (kvl,), s, layer)
         b.split_rows(sa + "linear_kv_up_proj.weight", att + "kv_b_proj.weight", (nh * (qn + vd), kvl), s, 0, layer)
         b.split_cols(sa + "linear_proj.weight", att + "o_proj.weight", (h, nh * vd), s, layer)
         for module in (*q_modules, "linear_kv_down_proj", "linear_kv_up_proj", "core_attention", "linear_proj"):
@@ -264,21 +250,16 @@ def build_plan(cfg: dict[str, Any], layout: Layout, *, extra_state: bool = True)
         post_norm = hf + "post_attention_layernorm.weight"
         if layer < cfg["first_k_dense_replace"]:
             f = cfg["intermediate_size"]
-            b.replicated(mm + "linear_fc1.layer_norm_weight", post_norm, (h,), layout.rank(s, 0, 0), layer)
+            b.replicated(mm + "linear_fc1.layer_norm_weight", post_norm, (h,), s, layer)
             b.swiglu(mm + "linear_fc1.weight", mlp + "gate_proj.weight", mlp + "up_proj.weight", f, h, s, layer)
             b.split_cols(mm + "linear_fc2.weight", mlp + "down_proj.weight", (h, f), s, layer)
             b.extra(mm + "linear_fc1._extra_state", s, layer)
             b.extra(mm + "linear_fc2._extra_state", s, layer)
             continue
-        b.replicated(mc + "pre_mlp_layernorm.weight", post_norm, (h,), layout.rank(s, 0, 0), layer)
-        b.replicated(mm + "router.weight", mlp + "gate.weight", (e_total, h), layout.rank(s, 0, 0), layer)
+        b.replicated(mc + "pre_mlp_layernorm.weight", post_norm, (h,), s, layer)
+        b.replicated(mm + "router.weight", mlp + "gate.weight", (e_total, h), s, layer)
         b.replicated(
-            mm + "router.expert_bias",
-            mlp + "gate.e_score_correction_bias",
-            (e_total,),
-            layout.rank(s, 0, 0),
-            layer,
-            dtype=torch.float32,
+            mm + "router.expert_bias", mlp + "gate.e_score_correction_bias", (e_total,), s, layer, dtype=torch.float32
         )
         se, sm = mlp + "shared_experts.", mm + "shared_experts."
         b.swiglu(sm + "linear_fc1.weight", se + "gate_proj.weight", se + "up_proj.weight", mf * shared, h, s, layer)
@@ -300,6 +281,6 @@ def build_plan(cfg: dict[str, Any], layout: Layout, *, extra_state: bool = True)
             b.extra(ex + "linear_fc1._extra_state", s, layer, (e,), (e_total,), ep_rank)
             b.extra(ex + "linear_fc2._extra_state", s, layer, (e,), (e_total,), ep_rank)
     last = layout.pp - 1
-    b.replicated("decoder.final_layernorm.weight", "model.norm.weight", (h,), layout.rank(last, 0, 0), None)
+    b.replicated("decoder.final_layernorm.weight", "model.norm.weight", (h,), last, None)
     b.split_rows("output_layer.weight", "lm_head.weight", (v, h), last, 0, None)
     return MegatronPlan(b.tensors, b.extras, layout, b.consumed)

@@ -314,10 +314,7 @@ def _write_parallel(src, dst, layout, extra_state, plan, ranks, workers, bar) ->
     sizes = {r: 0 for r in ranks}
     for t in plan.tensors:
         for p in t.pieces:
-            n = 1
-            for d in p.sizes:
-                n *= d
-            sizes[p.rank] += n
+            sizes[p.rank] += math.prod(p.sizes)
     buckets: list[list[int]] = [[] for _ in range(workers)]
     loads = [0] * workers
     for r in sorted(ranks, key=lambda r: -sizes[r]):
