@@ -16,7 +16,7 @@ from collections.abc import Sequence
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "quickstart": ("r1_ascend.launch.quickstart", "run the end-to-end quickstart (CPU: sample data, tiny model)"),
     "doctor": ("r1_ascend.doctor", "check the installed stack against the pins and every patch target"),
-    "prepare-data": ("r1_ascend.data.prepare", "deepscaler JSON -> verl parquet with the R1 template"),
+    "prepare-data": ("r1_ascend.data.cli", "deepscaler JSON -> verl parquet with the R1 template"),
     "convert-weights": ("r1_ascend.weights.cli", "FP8->BF16, config fix and HF->Megatron conversion"),
     "preflight": ("r1_ascend.launch.preflight", "check a run configuration before taking the cluster"),
     "report": ("r1_ascend.report.cli", "timing table, curves and run comparison from verl logs"),

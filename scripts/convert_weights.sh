@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepare DeepSeek-V3 weights for training: FP8 HF -> BF16 HF (MTP dropped, config fixed) -> Megatron dist ckpt.
 # Usage: scripts/convert_weights.sh FP8_DIR OUT_DIR [extra `r1-ascend convert-weights all` options]
-#   e.g. scripts/convert_weights.sh /data/DeepSeek-V3 /data/dsv3-prepared --workers 16 --pp 8 --ep 8
+#   e.g. scripts/convert_weights.sh /data/DeepSeek-V3 /data/dsv3-prepared --workers 16 --pp 8 --pp-layers 6,8,8,8,8,8,8,7 --ep 8
 # Rerunning the same command resumes; see docs/weights.md.
 set -euo pipefail
 

@@ -13,18 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from r1_ascend.launch.divisibility import expert_split_problems, world_split_problems
-from r1_ascend.launch.layout import (
-    LayoutError,
-    RolloutLayout,
-    TrainLayout,
-    mindspeed_stage_layers,
-    stage_layers,
-    train_layout,
-)
+from r1_ascend.launch.layout import mindspeed_stage_layers, rollout_layout, train_layout
 from r1_ascend.launch.memory import GIB, MemoryInputs, PhaseEstimate, estimate
 from r1_ascend.launch.model_info import ModelConfigError, ModelInfo, known_model, load_model_info
 from r1_ascend.launch.units import human_count, plural
+from r1_ascend.parallel import Layout, LayoutError
 from r1_ascend.patches.rules.dp_layout import DpEpConfigError, check_env_dp_size, rollout_dp_size
+from r1_ascend.weights.manifest import read_megatron_manifest
 
 ERROR, WARNING, OK, SKIPPED = "error", "warning", "ok", "skipped"
 
@@ -48,8 +43,8 @@ class Run:
     config_name: str = ""
     model: ModelInfo | None = None
     model_error: str | None = None
-    train: TrainLayout | None = None
-    rollout: RolloutLayout | None = None
+    train: Layout | None = None
+    rollout: Layout | None = None
     stages: list[int] | None = None
     memory: list[PhaseEstimate] = field(default_factory=list)
 
@@ -70,18 +65,12 @@ def prepare(run: Run) -> None:
     run.train = train_layout(cfg, run.world)
     tp = int(cfg.actor_rollout_ref.rollout.tensor_model_parallel_size)
     try:
-        run.rollout = RolloutLayout(run.world, tp, rollout_dp_size(run.world, tp))
+        run.rollout = rollout_layout(tp, rollout_dp_size(run.world, tp))
     except DpEpConfigError:
         run.rollout = None  # reported by check_vllm_dp_size
     if run.model is not None:
-        otc = cfg.actor_rollout_ref.actor.megatron.override_transformer_config
         try:
-            run.stages = stage_layers(
-                run.model.num_layers,
-                run.train.pp,
-                otc.get("num_layers_in_first_pipeline_stage"),
-                otc.get("num_layers_in_last_pipeline_stage"),
-            )
+            run.stages = run.train.stage_layers(run.model.num_layers)
         except LayoutError:
             run.stages = None
 
@@ -173,11 +162,9 @@ def check_pipeline_split(run: Run) -> Iterator[Finding]:
         yield Finding("pipeline_split", SKIPPED, _no_model(run))
         return
     otc = run.config.actor_rollout_ref.actor.megatron.override_transformer_config
-    first = otc.get("num_layers_in_first_pipeline_stage")
-    last = otc.get("num_layers_in_last_pipeline_stage")
     layers = run.model.num_layers
     try:
-        stages = stage_layers(layers, run.train.pp, first, last)
+        stages = run.train.stage_layers(layers)
     except LayoutError as exc:
         yield Finding("pipeline_split", ERROR, f"{exc} (model has {layers} decoder layers)")
         return
@@ -530,14 +517,10 @@ def _checkpoint_layers(path: Path) -> set[int]:
 def _checkpoint_model_mismatch(path: Path, model: ModelInfo) -> str | None:
     """Why the checkpoint cannot be this model's (layer count from our manifest or from the keys), or None."""
     expected = model.num_layers
-    manifest = path / ".r1-ascend-to-megatron.json"
-    if manifest.is_file():
-        try:
-            layout = json.loads(manifest.read_text(encoding="utf-8")).get("layout")
-            layers = sum(layout[3]) if layout and layout[3] else None
-        except (ValueError, TypeError, IndexError):
-            layers = None
-        if layers is not None and layers != expected:
+    manifest = read_megatron_manifest(path)
+    if manifest is not None and manifest.num_layers is not None:
+        layers = manifest.num_layers
+        if layers != expected:
             return (
                 f"it was converted for {layers} decoder layers but the model has {expected}; "
                 "convert the checkpoint of this model"

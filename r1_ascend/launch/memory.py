@@ -31,9 +31,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from r1_ascend.launch.layout import TrainLayout
 from r1_ascend.launch.model_info import BF16_BYTES, ModelInfo
 from r1_ascend.launch.resident import resident_rows
+from r1_ascend.parallel import Layout
 
 GIB = 1024**3
 #: Device memory of one Atlas 800T A3 NPU die. Assumption: an A3 node has 8 Ascend 910C packages with 128 GB HBM
@@ -56,7 +56,7 @@ class PhaseEstimate:
 @dataclass(frozen=True)
 class MemoryInputs:
     model: ModelInfo
-    train: TrainLayout
+    train: Layout
     stage_layers: list[int]
     rollout_tp: int
     rollout_dp: int
@@ -91,10 +91,10 @@ def _stage_params(model: ModelInfo, stages: list[int], tp: int, ep: int, etp: in
     return max(non_expert / tp + expert / (ep * etp) for non_expert, expert in _stage_param_split(model, stages))
 
 
-def _optimizer_params(model: ModelInfo, stages: list[int], train: TrainLayout) -> float:
+def _optimizer_params(model: ModelInfo, stages: list[int], train: Layout) -> float:
     """Parameters whose optimizer states one die holds (distributed optimizer: sharded over the data parallel group)."""
     return max(
-        non_expert / train.tp / max(1, train.dp) + expert / (train.ep * train.etp) / max(1, train.expert_dp)
+        non_expert / train.tp / max(1, train.dp) + expert / (train.ep * train.expert_tp) / max(1, train.expert_dp)
         for non_expert, expert in _stage_param_split(model, stages)
     )
 
@@ -128,7 +128,7 @@ def estimate(inputs: MemoryInputs) -> list[PhaseEstimate]:
     swap = bool(otc.get("swap_optimizer", False))
     use_ref = bool(cfg.actor_rollout_ref.actor.use_kl_loss) or bool(cfg.algorithm.use_kl_in_reward)
 
-    weights = _stage_params(model, inputs.stage_layers, train.tp, train.ep, train.etp) * BF16_BYTES
+    weights = _stage_params(model, inputs.stage_layers, train.tp, train.ep, train.expert_tp) * BF16_BYTES
     grads = weights
     optimizer = 0.0 if swap else _optimizer_params(model, inputs.stage_layers, train) * 12
 

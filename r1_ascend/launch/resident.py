@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from r1_ascend.launch.layout import TrainLayout
 from r1_ascend.launch.model_info import BF16_BYTES, ModelInfo
+from r1_ascend.parallel import Layout
 
 MIB = 1024**2
 #: HCCL's default per-communicator buffer size when HCCL_BUFFSIZE is unset (MB).
@@ -50,7 +50,7 @@ def hccl_buffsize_mb(env: Mapping[str, str]) -> int:
     return value
 
 
-def hccl_communicators(train: TrainLayout, rollout_tp: int, rollout_dp: int) -> list[str]:
+def hccl_communicators(train: Layout, rollout_tp: int, rollout_dp: int) -> list[str]:
     """Process groups of more than one rank that one die joins and runs collectives on."""
     groups = {
         "world": train.world,
@@ -59,7 +59,7 @@ def hccl_communicators(train: TrainLayout, rollout_tp: int, rollout_dp: int) -> 
         "megatron DP": train.dp,
         "megatron CP": train.cp,
         "megatron EP": train.ep,
-        "megatron expert-TP": train.etp,
+        "megatron expert-TP": train.expert_tp,
         "megatron expert-DP": train.expert_dp,
         "megatron embedding": 2 if train.pp > 1 else 1,
         "vLLM TP": rollout_tp,
@@ -73,7 +73,7 @@ def resident_rows(
     *,
     model: ModelInfo,
     rollout: Any,
-    train: TrainLayout,
+    train: Layout,
     rollout_tp: int,
     rollout_dp: int,
     env: Mapping[str, str],

@@ -8,24 +8,22 @@ a directory the command can simply be rerun on. The FP8 index is never copied ov
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from safetensors import safe_open
 
+from r1_ascend.atomic import atomic_open, atomic_write_json
 from r1_ascend.weights.errors import CheckpointFormatError
 from r1_ascend.weights.inventory import check_inventory, expected_tensors
+from r1_ascend.weights.outdir import copy_side_files
 from r1_ascend.weights.safetensors_io import (
     PT_METADATA,
     StreamingWriter,
     ordered_layout,
     read_header,
-    write_atomically,
 )
 from r1_ascend.weights.source import INDEX_NAME, is_mtp_tensor, load_json
 
@@ -58,20 +56,12 @@ def _rewrite_without(path: Path, drop: set[str]) -> bool:
     if not keep:
         path.unlink()
         return False
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     layout = ordered_layout(keep)
-    try:
-        with safe_open(str(path), framework="pt", device="cpu") as reader, tmp.open("wb") as f:
-            writer = StreamingWriter(f, layout, header.metadata or PT_METADATA)
-            for entry in layout:
-                writer.write(entry.name, reader.get_tensor(entry.name))
-            writer.close_check()
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with safe_open(str(path), framework="pt", device="cpu") as reader, atomic_open(path) as f:
+        writer = StreamingWriter(f, layout, header.metadata or PT_METADATA)
+        for entry in layout:
+            writer.write(entry.name, reader.get_tensor(entry.name))
+        writer.close_check()
     return True
 
 
@@ -131,14 +121,10 @@ def fix_checkpoint(path: str | Path, *, copy_side_files_from: str | Path | None 
             raise CheckpointFormatError(msg)
         total += sum(e.nbytes for n, e in header.entries.items() if new_map.get(n) == file)
     new_index = {"metadata": {**index.get("metadata", {}), "total_size": total}, "weight_map": new_map}
-    write_atomically(index_path, (json.dumps(new_index, indent=2) + "\n").encode())
+    atomic_write_json(index_path, new_index)
     copied = []
     if copy_side_files_from is not None:
-        for item in sorted(Path(copy_side_files_from).iterdir()):
-            side = item.is_file() and item.suffix != ".safetensors" and not item.name.startswith(".")
-            if side and item.name not in NEVER_COPIED:
-                shutil.copy2(item, root / item.name)
-                copied.append(item.name)
-    write_atomically(root / "config.json", (json.dumps(fixed_config(config), indent=2) + "\n").encode())
+        copied = copy_side_files(Path(copy_side_files_from), root, skip=NEVER_COPIED)
+    atomic_write_json(root / "config.json", fixed_config(config))
     log.info("config fixed; %d MTP tensors dropped (%d shards rewritten, %d removed)", len(mtp), rewritten, removed)
     return FixResult(len(mtp), rewritten, removed, copied)

@@ -7,11 +7,8 @@ time into a temp file that is renamed when complete; a rerun skips shards whose 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import shutil
-import signal
 import time
 from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass
@@ -20,10 +17,11 @@ from typing import Any
 
 import torch
 
+from r1_ascend.atomic import atomic_open, atomic_write_json, remove_stale_temps
 from r1_ascend.weights.errors import AlreadyBF16Error, CheckpointFormatError
 from r1_ascend.weights.fp8 import BLOCK, SCALE_SUFFIX, check_scale_shape, dequantize_rows
 from r1_ascend.weights.inventory import check_inventory, expected_tensors
-from r1_ascend.weights.outdir import fingerprint, prepare_output, remove_stale_temps
+from r1_ascend.weights.outdir import copy_side_files, fingerprint, prepare_output
 from r1_ascend.weights.progress import Progress
 from r1_ascend.weights.safetensors_io import (
     PT_METADATA,
@@ -32,16 +30,13 @@ from r1_ascend.weights.safetensors_io import (
     encode_header,
     ordered_layout,
     read_header,
-    write_atomically,
 )
 from r1_ascend.weights.source import INDEX_NAME, HFCheckpoint, is_mtp_tensor, load_json
-from r1_ascend.weights.workers import delay_hook, mp_context, worker_pool
+from r1_ascend.weights.workers import mp_context, worker_pool
 
 log = logging.getLogger(__name__)
 
 MANIFEST = ".r1-ascend-fp8-to-bf16.json"
-# Test hook: SIGKILL this process after writing N tensors, to exercise resume after a crash.
-FAULT_ENV = "R1_ASCEND_WEIGHTS_KILL_AFTER_TENSORS"
 _SIDE_FILE_SKIP = {INDEX_NAME}
 
 
@@ -119,15 +114,6 @@ def _checkpoint(src: str) -> HFCheckpoint:
     return cached
 
 
-def _maybe_fault() -> None:
-    limit = os.environ.get(FAULT_ENV)
-    if limit is None:
-        return
-    _WORKER_STATE["written"] = _WORKER_STATE.get("written", 0) + 1
-    if _WORKER_STATE["written"] >= int(limit):
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
 #: Bytes read per step: bounds a worker's buffers (FP8 codes + BF16 output + lookup indices) to ~100 MB.
 BAND_BYTES = 16 << 20
 
@@ -192,41 +178,22 @@ def convert_shard(src: str, dst: str, plan: ShardPlan, report: Any = None) -> in
     """Write one output shard atomically; returns the bytes written."""
     ckpt = _checkpoint(src)
     bufs = _WORKER_STATE.setdefault("buffers", _Buffers())
-    final = Path(dst) / plan.file
-    tmp = final.with_name(f".{plan.file}.tmp-{os.getpid()}")
     queue = _WORKER_STATE.get("queue")
-    try:
-        with tmp.open("wb") as f:
-            writer = StreamingWriter(f, plan.layout, PT_METADATA)
-            written = 0
-            for entry in plan.layout:
-                stream_tensor(ckpt, entry.name, writer, bufs)
-                written = _start_writeback(f, written)
-                src_bytes = ckpt.entry(entry.name).nbytes
-                if ckpt.is_fp8(entry.name):
-                    src_bytes += ckpt.entry(ckpt.scale_name(entry.name)).nbytes
-                if report is not None:
-                    report(src_bytes)
-                elif queue is not None:
-                    queue.put(src_bytes)
-                _maybe_fault()
-                delay_hook()
-            writer.close_check()
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(final)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_open(Path(dst) / plan.file) as f:
+        writer = StreamingWriter(f, plan.layout, PT_METADATA)
+        written = 0
+        for entry in plan.layout:
+            stream_tensor(ckpt, entry.name, writer, bufs)
+            written = _start_writeback(f, written)
+            src_bytes = ckpt.entry(entry.name).nbytes
+            if ckpt.is_fp8(entry.name):
+                src_bytes += ckpt.entry(ckpt.scale_name(entry.name)).nbytes
+            if report is not None:
+                report(src_bytes)
+            elif queue is not None:
+                queue.put(src_bytes)
+        writer.close_check()
     return plan.file_size
-
-
-def _copy_side_files(src: Path, dst: Path) -> None:
-    """Config, tokenizer, code files: everything small that is not a shard or the index."""
-    for item in sorted(src.iterdir()):
-        side = item.is_file() and item.suffix != ".safetensors" and not item.name.startswith(".")
-        if side and item.name not in _SIDE_FILE_SKIP:
-            shutil.copy2(item, dst / item.name)
 
 
 def bf16_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -341,10 +308,10 @@ def _write_index_and_side_files(
     check_output_inventory(dst, [p.file for p in plans if p.layout], config, mtp=mtp)
     weight_map = {e.name: p.file for p in plans for e in p.layout}
     total = sum(e.nbytes for p in plans for e in p.layout)
-    _copy_side_files(src, dst)
+    copy_side_files(src, dst, skip=_SIDE_FILE_SKIP)
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-    write_atomically(dst / INDEX_NAME, (json.dumps(index, indent=2) + "\n").encode())
-    write_atomically(dst / "config.json", (json.dumps(bf16_config(config), indent=2) + "\n").encode())
+    atomic_write_json(dst / INDEX_NAME, index)
+    atomic_write_json(dst / "config.json", bf16_config(config))
 
 
 def verify_bf16(src: str | Path, dst: str | Path, *, drop_mtp: bool = False, progress: bool = True) -> int:

@@ -17,56 +17,28 @@ from typing import Any
 
 import torch
 
+from r1_ascend.parallel import Layout, LayoutError
 from r1_ascend.weights.errors import WeightsError
 
 #: Largest chunk written for a replicated or row-split tensor (bounds the writer's memory; see _row_pieces).
 MAX_PIECE_BYTES = 256 << 20
 
 
-@dataclass(frozen=True)
-class Layout:
-    """Parallel layout used to chunk the checkpoint; ``pp_layers`` is the layer count per pipeline stage."""
-
-    tp: int = 1
-    pp: int = 1
-    ep: int = 1
-    pp_layers: tuple[int, ...] = ()
-
-    def stage_layers(self, num_layers: int) -> tuple[int, ...]:
-        if self.pp_layers:
-            if len(self.pp_layers) != self.pp or sum(self.pp_layers) != num_layers:
-                msg = f"--pp-layers {list(self.pp_layers)} must have {self.pp} entries summing to {num_layers}"
-                raise WeightsError(msg)
-            return self.pp_layers
-        if num_layers < self.pp:
-            msg = f"pp={self.pp} is larger than the {num_layers} decoder layers"
-            raise WeightsError(msg)
-        base, extra = divmod(num_layers, self.pp)
-        return tuple(base + (1 if s < extra else 0) for s in range(self.pp))
-
-    def check(self, cfg: dict[str, Any]) -> None:
-        """Refuse a layout the model cannot take, naming every reason at once (nothing is written before this)."""
-        problems = [
-            f"{k}={v} must be at least 1" for k, v in (("tp", self.tp), ("pp", self.pp), ("ep", self.ep)) if v < 1
-        ]
-        if not problems:
-            problems += _layout_problems(self, cfg)
-        if problems:
-            msg = (
-                f"layout tp={self.tp} pp={self.pp} ep={self.ep}"
-                + (f" pp_layers={list(self.pp_layers)}" if self.pp_layers else "")
-                + " does not fit the model: "
-                + "; ".join(problems)
-                + ". Pick sizes that divide these dimensions."
-            )
-            raise WeightsError(msg)
-
-    @property
-    def world_size(self) -> int:
-        return self.tp * self.pp * self.ep
-
-    def rank(self, stage: int, ep_rank: int, tp_rank: int) -> int:
-        return (stage * self.ep + ep_rank) * self.tp + tp_rank
+def check_layout(layout: Layout, cfg: dict[str, Any]) -> None:
+    """Refuse a layout the model cannot take, naming every reason at once (nothing is written before this)."""
+    sizes = (("tp", layout.tp), ("pp", layout.pp), ("ep", layout.ep))
+    problems = [f"{k}={v} must be at least 1" for k, v in sizes if v < 1]
+    if not problems:
+        problems += _layout_problems(layout, cfg)
+    if problems:
+        msg = (
+            f"layout tp={layout.tp} pp={layout.pp} ep={layout.ep}"
+            + (f" pp_layers={list(layout.pp_layers)}" if layout.pp_layers else "")
+            + " does not fit the model: "
+            + "; ".join(problems)
+            + ". Pick sizes that divide these dimensions."
+        )
+        raise WeightsError(msg)
 
 
 def _layout_problems(layout: Layout, cfg: dict[str, Any]) -> list[str]:
@@ -89,16 +61,10 @@ def _layout_problems(layout: Layout, cfg: dict[str, Any]) -> list[str]:
             out.append(f"tp={tp} does not divide {what} = {n}")
     if cfg["n_routed_experts"] % layout.ep:
         out.append(f"ep={layout.ep} does not divide n_routed_experts = {cfg['n_routed_experts']}")
-    n_layers = cfg["num_hidden_layers"]
-    if layout.pp_layers:
-        if len(layout.pp_layers) != layout.pp:
-            out.append(f"--pp-layers has {len(layout.pp_layers)} stages, pp={layout.pp}")
-        if sum(layout.pp_layers) != n_layers:
-            out.append(f"--pp-layers sums to {sum(layout.pp_layers)}, the model has num_hidden_layers = {n_layers}")
-        if any(n < 1 for n in layout.pp_layers):
-            out.append("every pipeline stage needs at least one layer")
-    elif layout.pp > n_layers:
-        out.append(f"pp={layout.pp} exceeds num_hidden_layers = {n_layers}")
+    try:
+        layout.stage_layers(cfg["num_hidden_layers"])
+    except LayoutError as exc:
+        out.append(str(exc))
     return out
 
 
@@ -128,10 +94,7 @@ class DistTensor:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.global_shape:
-            n *= d
-        return n
+        return math.prod(self.global_shape)
 
 
 @dataclass(frozen=True)
@@ -213,9 +176,10 @@ class _Builder:
             offsets = (a,) + (0,) * (len(t.global_shape) - 1)
             t.pieces.append(Piece(offsets, (b - a, *t.global_shape[1:]), src, (a, b), None, rank))
 
-    def replicated(self, key: str, src: str, shape: tuple[int, ...], rank: int, layer: int | None, dtype=None):
+    def replicated(self, key: str, src: str, shape: tuple[int, ...], stage: int, layer: int | None, dtype=None):
+        """A tensor every TP/EP rank holds whole: stored once, by the stage's first rank."""
         t = self._add(key, shape, dtype or torch.bfloat16, layer, "replicated", (src,))
-        self._row_pieces(t, src, 0, shape[0], rank)
+        self._row_pieces(t, src, 0, shape[0], self.layout.rank(stage, 0, 0))
         self.consumed.add(src)
 
     def split_rows(self, key: str, src: str, shape: tuple[int, int], stage: int, ep_rank: int, layer: int | None):
@@ -251,7 +215,7 @@ def build_plan(cfg: dict[str, Any], layout: Layout, *, extra_state: bool = True)
     nh, ql, kvl = cfg["num_attention_heads"], cfg.get("q_lora_rank"), cfg["kv_lora_rank"]
     qn, qr, vd = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
     e_total, mf, shared = cfg["n_routed_experts"], cfg["moe_intermediate_size"], cfg["n_shared_experts"]
-    layout.check(cfg)
+    check_layout(layout, cfg)
     if cfg.get("tie_word_embeddings"):
         msg = "tied embeddings are not DeepSeek-V3; this converter maps embed_tokens and lm_head separately"
         raise WeightsError(msg)
@@ -267,29 +231,17 @@ def build_plan(cfg: dict[str, Any], layout: Layout, *, extra_state: bool = True)
         s = stage_of[layer]
         hf, mc = f"model.layers.{layer}.", f"decoder.layers.{layer}."
         att, sa = hf + "self_attn.", mc + "self_attention."
-        b.replicated(mc + "input_layernorm.weight", hf + "input_layernorm.weight", (h,), layout.rank(s, 0, 0), layer)
+        b.replicated(mc + "input_layernorm.weight", hf + "input_layernorm.weight", (h,), s, layer)
         if ql:
             b.split_rows(sa + "linear_q_down_proj.weight", att + "q_a_proj.weight", (ql, h), s, 0, layer)
-            b.replicated(
-                sa + "linear_q_up_proj.layer_norm_weight",
-                att + "q_a_layernorm.weight",
-                (ql,),
-                layout.rank(s, 0, 0),
-                layer,
-            )
+            b.replicated(sa + "linear_q_up_proj.layer_norm_weight", att + "q_a_layernorm.weight", (ql,), s, layer)
             b.split_rows(sa + "linear_q_up_proj.weight", att + "q_b_proj.weight", (nh * (qn + qr), ql), s, 0, layer)
             q_modules = ("linear_q_down_proj", "linear_q_up_proj")
         else:
             b.split_rows(sa + "linear_q_proj.weight", att + "q_proj.weight", (nh * (qn + qr), h), s, 0, layer)
             q_modules = ("linear_q_proj",)
         b.split_rows(sa + "linear_kv_down_proj.weight", att + "kv_a_proj_with_mqa.weight", (kvl + qr, h), s, 0, layer)
-        b.replicated(
-            sa + "linear_kv_up_proj.layer_norm_weight",
-            att + "kv_a_layernorm.weight",
-            (kvl,),
-            layout.rank(s, 0, 0),
-            layer,
-        )
+        b.replicated(sa + "linear_kv_up_proj.layer_norm_weight", att + "kv_a_layernorm.weight", (kvl,), s, layer)
         b.split_rows(sa + "linear_kv_up_proj.weight", att + "kv_b_proj.weight", (nh * (qn + vd), kvl), s, 0, layer)
         b.split_cols(sa + "linear_proj.weight", att + "o_proj.weight", (h, nh * vd), s, layer)
         for module in (*q_modules, "linear_kv_down_proj", "linear_kv_up_proj", "core_attention", "linear_proj"):
@@ -298,21 +250,16 @@ def build_plan(cfg: dict[str, Any], layout: Layout, *, extra_state: bool = True)
         post_norm = hf + "post_attention_layernorm.weight"
         if layer < cfg["first_k_dense_replace"]:
             f = cfg["intermediate_size"]
-            b.replicated(mm + "linear_fc1.layer_norm_weight", post_norm, (h,), layout.rank(s, 0, 0), layer)
+            b.replicated(mm + "linear_fc1.layer_norm_weight", post_norm, (h,), s, layer)
             b.swiglu(mm + "linear_fc1.weight", mlp + "gate_proj.weight", mlp + "up_proj.weight", f, h, s, layer)
             b.split_cols(mm + "linear_fc2.weight", mlp + "down_proj.weight", (h, f), s, layer)
             b.extra(mm + "linear_fc1._extra_state", s, layer)
             b.extra(mm + "linear_fc2._extra_state", s, layer)
             continue
-        b.replicated(mc + "pre_mlp_layernorm.weight", post_norm, (h,), layout.rank(s, 0, 0), layer)
-        b.replicated(mm + "router.weight", mlp + "gate.weight", (e_total, h), layout.rank(s, 0, 0), layer)
+        b.replicated(mc + "pre_mlp_layernorm.weight", post_norm, (h,), s, layer)
+        b.replicated(mm + "router.weight", mlp + "gate.weight", (e_total, h), s, layer)
         b.replicated(
-            mm + "router.expert_bias",
-            mlp + "gate.e_score_correction_bias",
-            (e_total,),
-            layout.rank(s, 0, 0),
-            layer,
-            dtype=torch.float32,
+            mm + "router.expert_bias", mlp + "gate.e_score_correction_bias", (e_total,), s, layer, dtype=torch.float32
         )
         se, sm = mlp + "shared_experts.", mm + "shared_experts."
         b.swiglu(sm + "linear_fc1.weight", se + "gate_proj.weight", se + "up_proj.weight", mf * shared, h, s, layer)
@@ -334,6 +281,6 @@ def build_plan(cfg: dict[str, Any], layout: Layout, *, extra_state: bool = True)
             b.extra(ex + "linear_fc1._extra_state", s, layer, (e,), (e_total,), ep_rank)
             b.extra(ex + "linear_fc2._extra_state", s, layer, (e,), (e_total,), ep_rank)
     last = layout.pp - 1
-    b.replicated("decoder.final_layernorm.weight", "model.norm.weight", (h,), layout.rank(last, 0, 0), None)
+    b.replicated("decoder.final_layernorm.weight", "model.norm.weight", (h,), last, None)
     b.split_rows("output_layer.weight", "lm_head.weight", (v, h), last, 0, None)
     return MegatronPlan(b.tensors, b.extras, layout, b.consumed)

@@ -19,8 +19,9 @@ from typing import Any
 
 import torch
 
+from r1_ascend.parallel import Layout
 from r1_ascend.weights.errors import CheckpointFormatError
-from r1_ascend.weights.mcore_plan import DistTensor, Layout, MegatronPlan, build_plan
+from r1_ascend.weights.mcore_plan import DistTensor, MegatronPlan, build_plan, check_layout
 from r1_ascend.weights.safetensors_io import PT_METADATA
 from r1_ascend.weights.source import INDEX_NAME, HFCheckpoint
 
@@ -235,11 +236,12 @@ def verify_megatron(
     source.check_architecture(what="HF source")
     check_megatron_inventory(ckpt_dir, build_plan(source.config, Layout(), extra_state=extra_state))
     total = 0
-    for layout in layouts or [Layout()]:
-        Layout(tp=layout.tp, ep=layout.ep).check(source.config)
-    for layout in layouts or [Layout()]:
-        world = layout.tp * layout.ep
-        args = (ckpt_dir, hf_dir, Layout(tp=layout.tp, ep=layout.ep), extra_state)
+    loads = [Layout(tp=layout.tp, ep=layout.ep) for layout in layouts or [Layout()]]  # one stage: every layer
+    for load in loads:
+        check_layout(load, source.config)
+    for layout in loads:
+        world = layout.world_size
+        args = (ckpt_dir, hf_dir, layout, extra_state)
         if world == 1:
             with process_group():
                 total += _verify_rank(*args)

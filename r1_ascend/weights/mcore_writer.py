@@ -11,12 +11,10 @@ looks like a checkpoint.
 from __future__ import annotations
 
 import inspect
-import io
 import json
 import logging
 import math
 import os
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,17 +33,18 @@ from torch.distributed.checkpoint.metadata import (
 )
 from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
 
+from r1_ascend.atomic import atomic_open, atomic_write_text, temp_glob
+from r1_ascend.parallel import Layout
 from r1_ascend.weights.errors import CheckpointFormatError
-from r1_ascend.weights.mcore_plan import DistTensor, Layout, MegatronPlan, Piece, build_plan, empty_extra_state
+from r1_ascend.weights.manifest import MEGATRON_MANIFEST, MegatronManifest
+from r1_ascend.weights.mcore_plan import DistTensor, MegatronPlan, Piece, build_plan, empty_extra_state
 from r1_ascend.weights.outdir import fingerprint, prepare_output
 from r1_ascend.weights.progress import Progress
-from r1_ascend.weights.safetensors_io import write_atomically
 from r1_ascend.weights.source import HFCheckpoint
-from r1_ascend.weights.workers import delay_hook, mp_context, worker_pool
+from r1_ascend.weights.workers import mp_context, worker_pool
 
 log = logging.getLogger(__name__)
 
-MANIFEST = ".r1-ascend-to-megatron.json"
 MCORE_METADATA = {
     "sharded_backend": "torch_dist",
     "sharded_backend_version": 1,
@@ -159,10 +158,6 @@ def _item_writer() -> Any:
     raise CheckpointFormatError(msg)
 
 
-#: Test hook: SIGKILL the converter after this many rank files (resume tests), like FAULT_ENV in dequant.
-RANK_FAULT_ENV = "R1_ASCEND_MCORE_KILL_AFTER_RANKS"
-
-
 def _results_path(dst: Path, rank: int) -> Path:
     """Sidecar holding the DCP WriteResults of a finished rank file (the metadata needs them)."""
     return dst / f".__{rank}_0.results.pt"
@@ -202,35 +197,15 @@ def write_rank_file(dst: Path, rank: int, items: list[WriteItem], resolver: _Laz
         return done
     write_one = _item_writer()
     results = []
-    tmp = dst / f".{name}.tmp-{os.getpid()}"
-    with tmp.open("wb") as stream:
+    with atomic_open(dst / name) as stream:
         for item in items:
             data = resolver.resolve_data(item)
             results.append(write_one(stream, data, item, name))
             del data
-            delay_hook()
-        stream.flush()
-        os.fsync(stream.fileno())
-    tmp.replace(dst / name)
-    buffer = io.BytesIO()
-    torch.save(results, buffer)
-    write_atomically(_results_path(dst, rank), buffer.getvalue())
+    with atomic_open(_results_path(dst, rank)) as sidecar:
+        torch.save(results, sidecar)
     resolver._cached = None
-    _maybe_kill_after_rank()
     return results
-
-
-_ranks_written = 0
-
-
-def _maybe_kill_after_rank() -> None:
-    global _ranks_written
-    limit = os.environ.get(RANK_FAULT_ENV)
-    if limit is None:
-        return
-    _ranks_written += 1
-    if _ranks_written >= int(limit):
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 _WORKER_QUEUE: list[Any] = []
@@ -294,20 +269,20 @@ def convert_hf_to_megatron(
     ckpt = HFCheckpoint(src)
     plan = build_plan(ckpt.config, layout, extra_state=extra_state)
     check_plan_against_source(plan, ckpt)
-    manifest = {
-        "step": "to-megatron",
-        "source": str(src),
-        "source_config_sha256": fingerprint(src / "config.json"),
-        "layout": [layout.tp, layout.pp, layout.ep, list(layout.pp_layers)],
-        "extra_state": extra_state,
-    }
-    resuming = prepare_output(dst, MANIFEST, manifest, overwrite=overwrite, source=src)
+    manifest = MegatronManifest(
+        source=str(src),
+        source_config_sha256=fingerprint(src / "config.json"),
+        layout=layout,
+        num_layers=int(ckpt.config["num_hidden_layers"]),
+        extra_state=extra_state,
+    )
+    resuming = prepare_output(dst, MEGATRON_MANIFEST, manifest.to_json(), overwrite=overwrite, source=src)
     total_bytes = sum(t.numel * torch.empty((), dtype=t.dtype).element_size() for t in plan.tensors)
     if resuming:
         if (dst / "metadata.json").exists() and (dst / ".metadata").exists():
             log.info("%s is already a complete conversion of %s; nothing to do", dst, src)
             return MegatronResult(dst, len(plan.tensors), len(plan.extra_states), 0, 0.0, skipped=True)
-        for stale in [*dst.glob(".__*.distcp.tmp-*"), *dst.glob(".metadata*"), dst / "common.pt"]:
+        for stale in [*dst.glob(temp_glob("__*.distcp")), *dst.glob(".metadata*"), dst / "common.pt"]:
             stale.unlink(missing_ok=True)  # partial files of a killed run; finished rank files are kept and reused
     items = _rank_items(plan)
     ranks = sorted(items)
@@ -326,9 +301,9 @@ def convert_hf_to_megatron(
     from r1_ascend.weights.mcore_verify import check_megatron_inventory
 
     check_megatron_inventory(dst, plan)  # before metadata.json, which marks the checkpoint complete
-    common = dst / "common.pt"
-    torch.save({}, common)
-    write_atomically(dst / "metadata.json", json.dumps(MCORE_METADATA).encode())
+    with atomic_open(dst / "common.pt") as common:
+        torch.save({}, common)
+    atomic_write_text(dst / "metadata.json", json.dumps(MCORE_METADATA))
     for sidecar in dst.glob(".__*_0.results.pt"):
         sidecar.unlink()  # the metadata now holds what they recorded
     bar.finish()
@@ -339,10 +314,7 @@ def _write_parallel(src, dst, layout, extra_state, plan, ranks, workers, bar) ->
     sizes = {r: 0 for r in ranks}
     for t in plan.tensors:
         for p in t.pieces:
-            n = 1
-            for d in p.sizes:
-                n *= d
-            sizes[p.rank] += n
+            sizes[p.rank] += math.prod(p.sizes)
     buckets: list[list[int]] = [[] for _ in range(workers)]
     loads = [0] * workers
     for r in sorted(ranks, key=lambda r: -sizes[r]):

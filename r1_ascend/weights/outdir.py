@@ -9,11 +9,12 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
+from r1_ascend.atomic import atomic_write_json
 from r1_ascend.weights.errors import OutputExistsError, OutputNotWritableError
-from r1_ascend.weights.safetensors_io import write_atomically
 
 
 def fingerprint(path: Path) -> str:
@@ -83,15 +84,16 @@ def _prepare(out: Path, manifest_path: Path, manifest: dict[str, Any], *, overwr
         )
         raise OutputExistsError(msg)
     out.mkdir(parents=True, exist_ok=True)
-    write_atomically(manifest_path, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
+    atomic_write_json(manifest_path, manifest, sort_keys=True)
     return False
 
 
-def remove_stale_temps(out: Path) -> int:
-    """Delete temp files a killed run left behind (``.<name>.tmp-<pid>``)."""
-    count = 0
-    for tmp in out.glob(".*.tmp-*"):
-        if tmp.is_file():
-            tmp.unlink()
-            count += 1
-    return count
+def copy_side_files(src: Path, dst: Path, skip: Collection[str] = ()) -> list[str]:
+    """Copy config, tokenizer and code files (every visible file that is not a shard), except ``skip``."""
+    copied = []
+    for item in sorted(src.iterdir()):
+        side = item.is_file() and item.suffix != ".safetensors" and not item.name.startswith(".")
+        if side and item.name not in skip:
+            shutil.copy2(item, dst / item.name)
+            copied.append(item.name)
+    return copied

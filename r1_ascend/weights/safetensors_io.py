@@ -9,6 +9,7 @@ one tensor, not one shard.
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from collections.abc import Iterable
@@ -53,10 +54,7 @@ class TensorEntry:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
@@ -202,13 +200,3 @@ class StreamingWriter:
         if self._next != len(self._layout):
             msg = f"internal error: {len(self._layout) - self._next} tensors left unwritten"
             raise RuntimeError(msg)
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Small files (index, config, manifests): write a sibling temp file, fsync, rename."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with tmp.open("wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)

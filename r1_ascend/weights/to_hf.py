@@ -13,11 +13,7 @@ architecture check runs on the written shards before the index, which marks the 
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import shutil
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,14 +21,16 @@ from typing import Any
 
 import torch
 
+from r1_ascend.atomic import atomic_open, atomic_write_json, remove_stale_temps
+from r1_ascend.parallel import Layout
 from r1_ascend.weights.dcp_regions import read_regions
 from r1_ascend.weights.dequant import ShardPlan, check_output_inventory, shard_is_complete
 from r1_ascend.weights.errors import CheckpointFormatError
 from r1_ascend.weights.inventory import checkpoint_specs, expected_tensors
-from r1_ascend.weights.mcore_plan import DistTensor, Layout, build_plan
-from r1_ascend.weights.outdir import fingerprint, prepare_output, remove_stale_temps
+from r1_ascend.weights.mcore_plan import DistTensor, build_plan
+from r1_ascend.weights.outdir import copy_side_files, fingerprint, prepare_output
 from r1_ascend.weights.progress import Progress
-from r1_ascend.weights.safetensors_io import PT_METADATA, StreamingWriter, ordered_layout, write_atomically
+from r1_ascend.weights.safetensors_io import PT_METADATA, StreamingWriter, ordered_layout
 from r1_ascend.weights.source import INDEX_NAME, load_json
 from r1_ascend.weights.workers import worker_pool
 
@@ -40,8 +38,6 @@ log = logging.getLogger(__name__)
 
 MANIFEST = ".r1-ascend-to-hf.json"
 DEFAULT_SHARD_BYTES = 2_000_000_000
-#: Test hook: SIGKILL after this many output shards (resume tests).
-SHARD_FAULT_ENV = "R1_ASCEND_TO_HF_KILL_AFTER_SHARDS"
 _NEVER_COPIED = {INDEX_NAME}
 
 
@@ -135,34 +131,13 @@ def _load_shard(dist_ckpt: Path, cfg: dict[str, Any], names: list[str]) -> dict[
 
 def write_shard(dist_ckpt: str, dst: str, cfg: dict[str, Any], plan: ShardPlan) -> int:
     """Load one output shard's tensors and write the shard atomically; returns its size."""
-    final = Path(dst) / plan.file
-    tmp = final.with_name(f".{plan.file}.tmp-{os.getpid()}")
     tensors = _load_shard(Path(dist_ckpt), cfg, [e.name for e in plan.layout])
-    try:
-        with tmp.open("wb") as f:
-            writer = StreamingWriter(f, plan.layout, PT_METADATA)
-            for entry in plan.layout:
-                writer.write(entry.name, tensors.pop(entry.name).contiguous())
-            writer.close_check()
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(final)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _maybe_kill()
+    with atomic_open(Path(dst) / plan.file) as f:
+        writer = StreamingWriter(f, plan.layout, PT_METADATA)
+        for entry in plan.layout:
+            writer.write(entry.name, tensors.pop(entry.name).contiguous())
+        writer.close_check()
     return plan.file_size
-
-
-_shards_written = 0
-
-
-def _maybe_kill() -> None:
-    global _shards_written
-    limit = os.environ.get(SHARD_FAULT_ENV)
-    _shards_written += 1
-    if limit is not None and _shards_written >= int(limit):
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 @dataclass
@@ -225,15 +200,12 @@ def convert_megatron_to_hf(
                 written += fut.result()
                 bar.add(p.input_bytes)
     check_output_inventory(dst, [p.file for p in plans], cfg, mtp=False)
-    for item in sorted(where.hf_dir.iterdir()):
-        side = item.is_file() and item.suffix != ".safetensors" and not item.name.startswith(".")
-        if side and item.name not in _NEVER_COPIED:
-            shutil.copy2(item, dst / item.name)
+    copy_side_files(where.hf_dir, dst, skip=_NEVER_COPIED)
     weight_map = {e.name: p.file for p in plans for e in p.layout}
     index = {
         "metadata": {"total_size": sum(p.input_bytes for p in plans)},
         "weight_map": dict(sorted(weight_map.items())),
     }
-    write_atomically(dst / INDEX_NAME, (json.dumps(index, indent=2) + "\n").encode())
+    atomic_write_json(dst / INDEX_NAME, index)
     bar.finish()
     return ToHFResult(dst, len(todo), len(plans) - len(todo), written, time.monotonic() - start)

@@ -73,13 +73,3 @@ def worker_pool(
     return ProcessPoolExecutor(
         workers, mp_context=mp_context(), initializer=_init, initargs=(os.getpid(), initializer, initargs)
     )
-
-
-#: Test hook: seconds to sleep after each tensor, so a test can kill a run while workers are mid-shard.
-DELAY_ENV = "R1_ASCEND_WEIGHTS_DELAY_PER_TENSOR_S"
-
-
-def delay_hook() -> None:
-    delay = os.environ.get(DELAY_ENV)
-    if delay:
-        time.sleep(float(delay))

@@ -8,7 +8,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from r1_ascend.data import cli as data_cli
 from r1_ascend.data import prepare as prep
+from r1_ascend.data.readers import InputFormatError
 from r1_ascend.data.rows import REASONS
 from r1_ascend.data.schema import SCHEMA
 from r1_ascend.data.template import R1_ZERO_INSTRUCTION, render_deepseek_v3
@@ -28,7 +30,7 @@ def test_shipped_sample_round_trip_through_cli(
     sample_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     out = tmp_path / "out"
-    rc = prep.main(["--input", str(sample_path), "--output-dir", str(out), "--test-size", "32"])
+    rc = data_cli.main(["--input", str(sample_path), "--output-dir", str(out), "--test-size", "32"])
     assert rc == 0
     source = json.loads(sample_path.read_text(encoding="utf-8"))
     train = pq.read_table(out / "train.parquet")
@@ -71,7 +73,7 @@ def test_same_seed_gives_identical_bytes_and_other_seed_differs(sample_path: Pat
     def run(name: str, seed: int) -> dict[str, bytes]:
         out = tmp_path / name
         argv = ["--input", str(sample_path), "--output-dir", str(out), "--seed", str(seed), "--test-size", "0.1"]
-        assert prep.main(argv) == 0
+        assert data_cli.main(argv) == 0
         return _bytes(out)
 
     first, again, other = run("a", 7), run("b", 7), run("c", 8)
@@ -164,7 +166,7 @@ def test_strict_fails_on_first_bad_row_naming_it(
 ) -> None:
     path = write_json([*GOOD, row, {"problem": 1}], fmt="jsonl")
     out = tmp_path / "out"
-    rc = prep.main(["--input", str(path), "--output-dir", str(out), "--strict"])
+    rc = data_cli.main(["--input", str(path), "--output-dir", str(out), "--strict"])
     assert rc == 1
     err = capsys.readouterr().err
     assert f"{path}: row 3 (line 4, column 1" in err
@@ -188,7 +190,7 @@ def test_broken_json_array_fails_with_position_in_both_modes(write_json, tmp_pat
         json.loads(text)
     where = rf"line {oracle.value.lineno}, column {oracle.value.colno} \(character offset {oracle.value.pos}\)"
     for strict in (False, True):
-        with pytest.raises(prep.InputFormatError, match=rf"{where}: element 1 is not valid JSON") as exc:
+        with pytest.raises(InputFormatError, match=rf"{where}: element 1 is not valid JSON") as exc:
             prep.prepare([path], tmp_path / f"out{strict}", strict=strict)
         assert "no rows were written" in str(exc.value)
         assert not (tmp_path / f"out{strict}" / "train.parquet").exists()
@@ -244,13 +246,13 @@ def test_bad_test_size_is_a_clear_error(write_json, tmp_path: Path, test_size, n
 
 def test_cli_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exc:
-        prep.main(["--output-dir", str(tmp_path)])
+        data_cli.main(["--output-dir", str(tmp_path)])
     assert exc.value.code == 2
     assert "--input" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        prep.main(["--input", "x.json", "--output-dir", str(tmp_path), "--test-size", "ten"])
+        data_cli.main(["--input", "x.json", "--output-dir", str(tmp_path), "--test-size", "ten"])
     assert "--test-size must be a row count" in capsys.readouterr().err
-    assert prep.main(["--input", str(tmp_path / "missing.json"), "--output-dir", str(tmp_path / "o")]) == 1
+    assert data_cli.main(["--input", str(tmp_path / "missing.json"), "--output-dir", str(tmp_path / "o")]) == 1
     assert "input file not found" in capsys.readouterr().err
 
 
@@ -266,7 +268,7 @@ def test_user_placement_and_custom_instruction(write_json, tmp_path: Path) -> No
     instruction_file.write_text("Answer briefly.\n", encoding="utf-8")
     out = tmp_path / "out"
     argv = ["--input", str(write_json(GOOD[:1])), "--output-dir", str(out), "--template-placement", "user"]
-    assert prep.main([*argv, "--instruction-file", str(instruction_file)]) == 0
+    assert data_cli.main([*argv, "--instruction-file", str(instruction_file)]) == 0
     (row,) = pq.read_table(out / "train.parquet").to_pylist()
     assert row["prompt"] == [{"role": "user", "content": "Answer briefly.\n\nWhat is 1+1?"}]
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
@@ -323,7 +325,7 @@ def test_progress_lines_on_long_inputs(
 
 def test_cli_reports_broken_array_and_exits_1(write_json, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     path = write_json('[{"problem": "a", "answer": "1"} {"problem": "b"}]', fmt="json")
-    assert prep.main(["--input", str(path), "--output-dir", str(tmp_path / "out")]) == 1
+    assert data_cli.main(["--input", str(path), "--output-dir", str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err
     assert "line 1, column 34 (character offset 33): expected ',' or ']' after element 0" in err
 
@@ -333,7 +335,7 @@ def test_val_mode_rejects_training_only_options(
     tmp_path: Path, flag: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Options that --val would ignore are an error, not silently dropped."""
-    from r1_ascend.data.prepare import main
+    from r1_ascend.data.cli import main
 
     with pytest.raises(SystemExit) as info:
         main(["--val", "--output-dir", str(tmp_path / "val"), *flag])

@@ -9,6 +9,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from r1_ascend.data import cli as data_cli
 from r1_ascend.data import prepare as prep
 from r1_ascend.data.valsets import SHIPPED_VAL_SETS, VAL_DIR
 
@@ -19,7 +20,7 @@ def _source_rows(name: str) -> list[dict]:
 
 def test_combined_val_parquet_keeps_each_set_as_its_data_source(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    assert prep.main(["--val", "--output-dir", str(out)]) == 0
+    assert data_cli.main(["--val", "--output-dir", str(out)]) == 0
     rows = pq.read_table(out / "val.parquet").to_pylist()
     sizes = {name: len(_source_rows(name)) for name in SHIPPED_VAL_SETS}
     assert Counter(r["data_source"] for r in rows) == sizes
@@ -82,5 +83,5 @@ def test_val_option_errors(kwargs: dict, needle: str, tmp_path: Path) -> None:
 
 def test_val_mode_rejects_input_flag(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit):
-        prep.main(["--val", "--input", "x.json", "--output-dir", str(tmp_path)])
+        data_cli.main(["--val", "--input", "x.json", "--output-dir", str(tmp_path)])
     assert "--val-set NAME=PATH" in capsys.readouterr().err

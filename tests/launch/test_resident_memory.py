@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from r1_ascend.launch.checks import ERROR
-from r1_ascend.launch.layout import TrainLayout
 from r1_ascend.launch.overlays import SMOKE_OVERLAY
 from r1_ascend.launch.preflight import run_checks
 from r1_ascend.launch.resident import HCCL_BUFFSIZE_DEFAULT_MB, MIB, hccl_buffsize_mb, hccl_communicators
+from r1_ascend.parallel import Layout
 
 SMOKE_ENV = {"NNODES": "1", "NPUS_PER_NODE": "16"}
 
@@ -58,7 +58,7 @@ def test_hccl_buffsize_parsing(raw, expected):
 
 
 def test_communicators_are_the_groups_with_more_than_one_rank():
-    train = TrainLayout(world=16, tp=2, pp=2, cp=1, ep=4, etp=1)
+    train = Layout(world=16, tp=2, pp=2, cp=1, ep=4, etp=1)
     assert hccl_communicators(train, rollout_tp=2, rollout_dp=8) == [
         "world",
         "megatron TP",
@@ -71,5 +71,5 @@ def test_communicators_are_the_groups_with_more_than_one_rank():
         "vLLM DP",
         "vLLM EP",
     ]
-    single = TrainLayout(world=1, tp=1, pp=1, cp=1, ep=1, etp=1)
+    single = Layout(world=1, tp=1, pp=1, cp=1, ep=1, etp=1)
     assert hccl_communicators(single, rollout_tp=1, rollout_dp=1) == []

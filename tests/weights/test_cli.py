@@ -31,17 +31,16 @@ def test_errors_are_reported_not_raised(tmp_path: Path, capsys: pytest.CaptureFi
 @pytest.mark.slow
 def test_all_resumes_after_a_kill_in_the_middle(tiny_fp8, tmp_path: Path) -> None:
     """The one-command path: `all` killed mid-way through the FP8 -> BF16 step, rerun, ends with verified outputs."""
-    import os
     import signal
     import subprocess
     import sys
 
-    from r1_ascend.weights.dequant import FAULT_ENV
-
     out = tmp_path / "out"
     code = "import sys; from r1_ascend.weights.cli import main; sys.exit(main(sys.argv[1:]))"
-    cmd = [sys.executable, "-c", code, "all", str(tiny_fp8.path), str(out), "--ep", "2", "--quiet"]
-    killed = subprocess.run(cmd, env={**os.environ, FAULT_ENV: "60"}, capture_output=True, check=False)
+    args = ["all", str(tiny_fp8.path), str(out), "--ep", "2", "--quiet"]
+    cmd = [sys.executable, "-c", code, *args]
+    faults = [sys.executable, str(Path(__file__).with_name("faults.py")), "--kill-after-tensors", "60", "--"]
+    killed = subprocess.run([*faults, *args], capture_output=True, check=False)
     assert killed.returncode == -signal.SIGKILL
     assert not (out / "mcore").exists()
     resumed = subprocess.run([*cmd, "--verify"], capture_output=True, text=True, check=False)

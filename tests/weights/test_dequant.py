@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -16,7 +15,6 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from r1_ascend.weights import CheckpointFormatError, OutputExistsError, convert_fp8_to_bf16, verify_bf16
-from r1_ascend.weights.dequant import FAULT_ENV
 from r1_ascend.weights.fp8 import dequantize_fp8_blockwise, quantize_fp8_blockwise
 
 INDEX = "model.safetensors.index.json"
@@ -147,9 +145,10 @@ def test_e5m2_tensor_is_refused_not_copied(tmp_path: Path) -> None:
 def test_resume_after_kill(tiny_fp8, tmp_path: Path) -> None:
     out = tmp_path / "out"
     code = "import sys; from r1_ascend.weights.cli import main; sys.exit(main(sys.argv[1:]))"
-    cmd = [sys.executable, "-c", code, "fp8-to-bf16", str(tiny_fp8.path), str(out), "--quiet"]
-    env = {**os.environ, FAULT_ENV: "60"}
-    killed = subprocess.run(cmd, env=env, capture_output=True, check=False)
+    args = ["fp8-to-bf16", str(tiny_fp8.path), str(out), "--quiet"]
+    cmd = [sys.executable, "-c", code, *args]
+    faults = [sys.executable, str(Path(__file__).with_name("faults.py")), "--kill-after-tensors", "60", "--"]
+    killed = subprocess.run([*faults, *args], capture_output=True, check=False)
     assert killed.returncode == -signal.SIGKILL
     done_before = sorted(p.name for p in out.glob("*.safetensors"))
     assert done_before  # some shards finished ...

@@ -18,7 +18,7 @@ from r1_ascend.weights.source import HFCheckpoint
 def mcore_from_fp8(tiny_fp8, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Written straight from the FP8 checkpoint (dequantised on the fly) at TP2 PP2 EP2."""
     out = tmp_path_factory.mktemp("mcore") / "ckpt"
-    convert_hf_to_megatron(tiny_fp8.path, out, Layout(tp=2, pp=2, ep=2), progress=False)
+    convert_hf_to_megatron(tiny_fp8.path, out, Layout(tp=2, pp=2, ep=2, pp_layers=(2, 1)), progress=False)
     return out
 
 
@@ -133,17 +133,16 @@ def test_overwrite_never_deletes_the_source(tiny_bf16: Path, tmp_path: Path) -> 
 @pytest.mark.slow
 def test_killed_conversion_keeps_finished_rank_files(tiny_bf16: Path, tmp_path: Path) -> None:
     """to-megatron killed after one rank file resumes from there; the result loads and matches the source."""
-    import os
     import signal
     import subprocess
     import sys
 
-    from r1_ascend.weights.mcore_writer import RANK_FAULT_ENV
-
     out = tmp_path / "mcore"
     code = "import sys; from r1_ascend.weights.cli import main; sys.exit(main(sys.argv[1:]))"
-    cmd = [sys.executable, "-c", code, "to-megatron", str(tiny_bf16), str(out), "--ep", "2", "--pp", "2", "--quiet"]
-    killed = subprocess.run(cmd, env={**os.environ, RANK_FAULT_ENV: "1"}, capture_output=True, check=False)
+    args = ["to-megatron", str(tiny_bf16), str(out), "--ep", "2", "--pp", "2", "--pp-layers", "2,1", "--quiet"]
+    cmd = [sys.executable, "-c", code, *args]
+    faults = [sys.executable, str(Path(__file__).with_name("faults.py")), "--kill-after-ranks", "1", "--"]
+    killed = subprocess.run([*faults, *args], capture_output=True, check=False)
     assert killed.returncode == -signal.SIGKILL
     first = sorted(out.glob("__*_0.distcp"))
     assert len(first) == 1, "exactly one finished rank file before the kill"

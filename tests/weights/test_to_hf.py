@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
@@ -15,7 +14,7 @@ import torch
 from r1_ascend.weights import CheckpointFormatError, Layout, convert_hf_to_megatron
 from r1_ascend.weights.config_fix import fix_checkpoint
 from r1_ascend.weights.source import HFCheckpoint
-from r1_ascend.weights.to_hf import SHARD_FAULT_ENV, convert_megatron_to_hf
+from r1_ascend.weights.to_hf import convert_megatron_to_hf
 
 SIDE_FILES = ("config.json", "generation_config.json", "tokenizer_config.json")
 
@@ -51,7 +50,7 @@ def _assert_same_model(out: Path, want: Path, hf_side: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "layout", [Layout(), Layout(tp=2, pp=2, ep=2), Layout(pp=3, ep=4), Layout(tp=4, ep=8)], ids=str
+    "layout", [Layout(), Layout(tp=2, pp=2, ep=2, pp_layers=(2, 1)), Layout(pp=3, ep=4), Layout(tp=4, ep=8)], ids=str
 )
 def test_round_trip_hf_megatron_hf_is_bit_exact(hf_fixed: Path, tmp_path: Path, layout: Layout) -> None:
     step = _verl_checkpoint(tmp_path, hf_fixed, layout)
@@ -115,8 +114,10 @@ def test_to_hf_resumes_after_a_kill(hf_fixed: Path, tmp_path: Path) -> None:
     step = _verl_checkpoint(tmp_path / "ckpt", hf_fixed, Layout(ep=2))
     out = tmp_path / "back"
     code = "import sys; from r1_ascend.weights.cli import main; sys.exit(main(sys.argv[1:]))"
-    cmd = [sys.executable, "-c", code, "to-hf", str(step), str(out), "--shard-size-gb", "0.0003", "--quiet"]
-    killed = subprocess.run(cmd, env={**os.environ, SHARD_FAULT_ENV: "2"}, capture_output=True, check=False)
+    args = ["to-hf", str(step), str(out), "--shard-size-gb", "0.0003", "--quiet"]
+    cmd = [sys.executable, "-c", code, *args]
+    faults = [sys.executable, str(Path(__file__).with_name("faults.py")), "--kill-after-shards", "2", "--"]
+    killed = subprocess.run([*faults, *args], capture_output=True, check=False)
     assert killed.returncode == -signal.SIGKILL
     finished = sorted(out.glob("model-*.safetensors"))
     assert len(finished) == 2

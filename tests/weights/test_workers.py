@@ -12,9 +12,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from r1_ascend.weights.workers import DELAY_ENV, worker_pool
+from r1_ascend.weights.workers import worker_pool
 
-CLI = "import sys; from r1_ascend.weights.cli import main; sys.exit(main(sys.argv[1:]))"
+#: The real CLI, each written tensor followed by a short sleep so that the run can be killed mid-shard.
+SLOW_CLI = [str(Path(__file__).with_name("faults.py")), "--delay-per-tensor", "0.05", "--"]
 
 
 def _alive(pids: list[int]) -> list[int]:
@@ -31,8 +32,7 @@ def _alive(pids: list[int]) -> list[int]:
 def _kill_mid_run(args: list[str], out: Path, started: str) -> tuple[list[int], set[str]]:
     """Start the CLI, wait until its workers are writing, SIGKILL the main pid; returns worker pids and the
     files present once the parent is dead."""
-    env = {**os.environ, DELAY_ENV: "0.05"}
-    proc = subprocess.Popen([sys.executable, "-c", CLI, *args], env=env, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, *SLOW_CLI, *args], stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     workers: list[int] = []
     try:
