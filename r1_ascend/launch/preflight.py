@@ -16,13 +16,14 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
+from r1_ascend import envs
 from r1_ascend.launch.checks import CHECKS, ERROR, OK, SKIPPED, WARNING, Finding, Run, prepare
 from r1_ascend.launch.memory import A3_DIE_MEMORY_GB, GIB
 from r1_ascend.launch.overlays import DEFAULT_OVERLAY, OverlayError, compose, overlay_names
 from r1_ascend.launch.units import human_count, plural
 
 #: Environment variables the checks read (docs/environment.md).
-ENV_KEYS = ("NNODES", "NPUS_PER_NODE", "VLLM_DP_SIZE")
+ENV_KEYS = (envs.NNODES, envs.NPUS_PER_NODE, "VLLM_DP_SIZE")
 
 
 def run_checks(
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="r1-ascend preflight", description=plain_help(__doc__))
     parser.add_argument(
         "--config",
-        default=os.environ.get("R1_ASCEND_CONFIG", DEFAULT_OVERLAY),
+        default=envs.run_config(DEFAULT_OVERLAY),
         help=f"run configuration in recipe/config (default: $R1_ASCEND_CONFIG or {DEFAULT_OVERLAY})",
     )
     parser.add_argument(

@@ -91,6 +91,11 @@ def make_netns() -> tuple[list[str], str | None]:
     return prefix, name
 
 
+def node_dir(out: Path, ip: str) -> Path:
+    """A simulated node's run directory (its ``R1_ASCEND_RUN_DIR``: pid files and Ray start logs)."""
+    return out / "nodes" / ip
+
+
 def node_envs(out: Path, plan: Plan, launch: Path) -> tuple[list[dict[str, str]], str]:
     """The environment of ``ray_start_npu.sh`` on each node (head first)."""
     ray_wrapper = out / "bin" / "ray"  # Ray of this interpreter (console scripts may point at another venv)
@@ -132,9 +137,7 @@ def node_envs(out: Path, plan: Plan, launch: Path) -> tuple[list[dict[str, str]]
         extra = f"--object-store-memory=120000000 --dashboard-agent-listen-port={_free_port()}"
         if index == 0:
             extra += f" --ray-client-server-port={_free_port()}"
-        envs.append(
-            {**base, "NODE_IP": ip, "R1_ASCEND_RUN_DIR": str(out / "nodes" / ip), "RAY_START_EXTRA_ARGS": extra}
-        )
+        envs.append({**base, "NODE_IP": ip, "R1_ASCEND_RUN_DIR": str(node_dir(out, ip)), "RAY_START_EXTRA_ARGS": extra})
     return envs, temp_dir
 
 
@@ -160,13 +163,13 @@ def start_cluster(cluster: Cluster, head_log: Path) -> subprocess.Popen:
     with head_log.open("w") as log:
         head = subprocess.Popen([*cluster.prefix, "bash", str(SCRIPT)], env=head_env, stdout=log, stderr=log)
     cluster.drivers.append(head)  # after the exec, this pid is the driver of run 1
-    ray_log = Path(head_env["R1_ASCEND_RUN_DIR"]) / f"ray-head-{cluster.head_ip}.log"
+    ray_log = node_dir(cluster.out, cluster.head_ip) / f"ray-head-{cluster.head_ip}.log"
     _wait_for(lambda: "Ray runtime started" in _text(ray_log), "the Ray head to start", 180, head, head_log)
     for env in cluster.envs[1:]:
         done = subprocess.run(
             [*cluster.prefix, "bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=240, check=False
         )
-        (Path(env["R1_ASCEND_RUN_DIR"]) / "start.log").write_text(done.stdout + done.stderr)
+        (node_dir(cluster.out, env["NODE_IP"]) / "start.log").write_text(done.stdout + done.stderr)
         if done.returncode != 0:
             raise RehearsalError(f"node {env['NODE_IP']} did not join: {done.stderr.strip()[-1500:]}")
     return head
