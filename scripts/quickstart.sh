@@ -11,8 +11,8 @@
 # skips that part.
 set -euo pipefail
 
-repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "${repo_root}"
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 start=$(date +%s)
 
 if compgen -G "/dev/davinci[0-9]*" >/dev/null && [[ "${R1_ASCEND_QUICKSTART_CPU:-0}" != "1" ]]; then

@@ -11,8 +11,8 @@
 # on this node (by the PID it recorded), and nothing else. Variables and defaults: docs/environment.md.
 set -euo pipefail
 
-repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "${repo_root}"
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 python_bin="${PYTHON:-python3}"
 ray_bin="${RAY:-ray}"

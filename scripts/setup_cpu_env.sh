@@ -6,8 +6,8 @@
 # Usage: bash scripts/setup_cpu_env.sh            (env: PYTHON=python3.11, VENV=.venv)
 set -euo pipefail
 
-repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "${repo_root}"
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 python_bin="${PYTHON:-python3.11}"
 venv="${VENV:-.venv}"
