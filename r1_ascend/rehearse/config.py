@@ -40,8 +40,8 @@ def overrides(plan: Plan, inputs: Inputs, out: Path, repo_root: Path) -> list[st
     return [
         # inputs made by the rehearsal (a tokenizer-bearing model dir; parquet from prepare-data)
         f"actor_rollout_ref.model.path={inputs.model}",
-        f"data.train_files={inputs.train}",
-        f"data.val_files={inputs.val}",
+        f"data.train_files={inputs.parquet('train')}",
+        f"data.val_files={inputs.parquet('val')}",
         f"custom_reward_function.path={repo_root / 'recipe' / 'deepscaler_reward.py'}",
         # cluster: NODES x NPUS_PER_NODE fake NPUs instead of one 16-die node
         f"trainer.nnodes={plan.nodes}",
