@@ -10,7 +10,6 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 python_bin="${PYTHON:-python3.11}"
-venv="${VENV:-.venv}"
 stamp="${venv}/.r1-ascend-setup.sha256"
 
 if ! command -v "${python_bin}" >/dev/null 2>&1; then

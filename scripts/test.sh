@@ -5,7 +5,6 @@ set -euo pipefail
 
 # shellcheck source=scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-venv="${VENV:-.venv}"
 
 bash scripts/setup_cpu_env.sh
 

@@ -73,7 +73,7 @@ class Cluster:
 
     @property
     def head_ip(self) -> str:
-        return "127.0.0.2"
+        return node_ip(0)
 
     def address(self) -> str:
         return f"{self.head_ip}:{self.envs[0]['RAY_PORT']}"
@@ -89,6 +89,11 @@ def make_netns() -> tuple[list[str], str | None]:
     prefix = ["ip", "netns", "exec", name]
     subprocess.run([*prefix, "ip", "link", "set", "lo", "up"], check=True, capture_output=True)
     return prefix, name
+
+
+def node_ip(index: int) -> str:
+    """The loopback address of simulated node ``index`` (the head is node 0)."""
+    return f"127.0.0.{index + 2}"
 
 
 def node_dir(out: Path, ip: str) -> Path:
@@ -113,7 +118,7 @@ def node_envs(out: Path, plan: Plan, launch: Path) -> tuple[list[dict[str, str]]
         "NNODES": str(plan.nodes),
         "NPUS_PER_NODE": str(plan.npus_per_node),
         "ROLLOUT_TP": str(plan.world),
-        "MASTER_ADDR": "127.0.0.2",
+        "MASTER_ADDR": node_ip(0),
         "RAY_PORT": str(port),
         "RAY_NUM_CPUS": "2",
         "RAY_TEMP_DIR": temp_dir,
@@ -133,7 +138,7 @@ def node_envs(out: Path, plan: Plan, launch: Path) -> tuple[list[dict[str, str]]
         base.pop(key, None)
     envs = []
     for index in range(plan.nodes):
-        ip = f"127.0.0.{index + 2}"
+        ip = node_ip(index)
         extra = f"--object-store-memory=120000000 --dashboard-agent-listen-port={_free_port()}"
         if index == 0:
             extra += f" --ray-client-server-port={_free_port()}"
