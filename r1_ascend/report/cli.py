@@ -25,10 +25,10 @@ from r1_ascend.report.compare import (
     exit_code,
 )
 from r1_ascend.report.markdown import comparison_markdown, fmt, render_report, status_line
-from r1_ascend.report.run import RunData, RunInputError, load_run
+from r1_ascend.report.run import DEFAULT_SAMPLE_CHARS, DEFAULT_SAMPLES, RunData, RunInputError, load_run
 from r1_ascend.report.run_config import RunConfigError
 from r1_ascend.report.tensorboard_events import TensorboardUnavailableError
-from r1_ascend.report.timing import COLUMNS, TimingTable, Window, build_timing_table, parse_window
+from r1_ascend.report.timing import COLUMNS, DIES_PER_CARD, TimingTable, Window, build_timing_table, parse_window
 
 logger = logging.getLogger(__name__)
 
@@ -116,10 +116,23 @@ def build_parser() -> argparse.ArgumentParser:
         "'Total training steps' line (default: .hydra/config.yaml files inside the run directory)",
     )
     parser.add_argument(
-        "--dies-per-card", type=_positive_int, default=2, help="NPU dies per card for per-card throughput (A3: 2)"
+        "--dies-per-card",
+        type=_positive_int,
+        default=DIES_PER_CARD,
+        help=f"NPU dies per card for per-card throughput (default {DIES_PER_CARD}, Atlas A3)",
     )
-    parser.add_argument("--samples", type=int, default=3, help="sample generations to show per dump (default 3)")
-    parser.add_argument("--sample-chars", type=_positive_int, default=600, help="characters kept per prompt/response")
+    parser.add_argument(
+        "--samples",
+        type=int,
+        default=DEFAULT_SAMPLES,
+        help=f"sample generations to show per dump (default {DEFAULT_SAMPLES})",
+    )
+    parser.add_argument(
+        "--sample-chars",
+        type=_positive_int,
+        default=DEFAULT_SAMPLE_CHARS,
+        help=f"characters kept per prompt/response (default {DEFAULT_SAMPLE_CHARS})",
+    )
     parser.add_argument("--no-figures", action="store_true", help="skip the PNG curves")
     parser.add_argument(
         "--no-dumps", action="store_true", help="do not read generation JSONL dumps (they can be large)"

@@ -11,7 +11,7 @@ from pathlib import Path
 from r1_ascend.report import metric_names as mn
 from r1_ascend.report.figure_style import DPI, build_figure
 from r1_ascend.report.run import RunData
-from r1_ascend.report.timing import RESHARD_DERIVED, reshard_seconds
+from r1_ascend.report.timing import DIES_PER_CARD, RESHARD_DERIVED, reshard_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -174,7 +174,7 @@ FIGURES: tuple[FigureSpec, ...] = (
 )
 
 
-def write_figures(run: RunData, out_dir: Path, dies_per_card: int = 2) -> list[FigureResult]:
+def write_figures(run: RunData, out_dir: Path, dies_per_card: int = DIES_PER_CARD) -> list[FigureResult]:
     """Write every figure that has data; the result says which curves were drawn and which metrics were absent."""
     out_dir.mkdir(parents=True, exist_ok=True)
     results = []

@@ -94,6 +94,11 @@ class RunData:
         return sorted(s for s, m in self.steps.items() if any(k in m for k in TRAINING_STEP_MARKERS))
 
 
+#: Sample generations shown per dump directory, and the characters kept of each prompt and response.
+DEFAULT_SAMPLES = 3
+DEFAULT_SAMPLE_CHARS = 600
+
+
 class _Sources(NamedTuple):
     """The inputs found under the given paths, by kind."""
 
@@ -106,8 +111,8 @@ class _Sources(NamedTuple):
 def load_run(
     paths: list[Path],
     name: str | None = None,
-    samples_wanted: int = 3,
-    sample_chars: int = 600,
+    samples_wanted: int = DEFAULT_SAMPLES,
+    sample_chars: int = DEFAULT_SAMPLE_CHARS,
     read_dumps: bool = True,
     config_paths: list[Path] | None = None,
 ) -> RunData:
