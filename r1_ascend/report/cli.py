@@ -115,24 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the run's composed config, for trainer.total_training_steps when the log lacks verl's "
         "'Total training steps' line (default: .hydra/config.yaml files inside the run directory)",
     )
-    parser.add_argument(
-        "--dies-per-card",
-        type=_positive_int,
-        default=DIES_PER_CARD,
-        help=f"NPU dies per card for per-card throughput (default {DIES_PER_CARD}, Atlas A3)",
-    )
-    parser.add_argument(
-        "--samples",
-        type=int,
-        default=DEFAULT_SAMPLES,
-        help=f"sample generations to show per dump (default {DEFAULT_SAMPLES})",
-    )
-    parser.add_argument(
-        "--sample-chars",
-        type=_positive_int,
-        default=DEFAULT_SAMPLE_CHARS,
-        help=f"characters kept per prompt/response (default {DEFAULT_SAMPLE_CHARS})",
-    )
+    dies = f"NPU dies per card for per-card throughput (default {DIES_PER_CARD}, Atlas A3)"
+    parser.add_argument("--dies-per-card", type=_positive_int, default=DIES_PER_CARD, help=dies)
+    samples = f"sample generations to show per dump (default {DEFAULT_SAMPLES})"
+    parser.add_argument("--samples", type=int, default=DEFAULT_SAMPLES, help=samples)
+    chars = f"characters kept per prompt/response (default {DEFAULT_SAMPLE_CHARS})"
+    parser.add_argument("--sample-chars", type=_positive_int, default=DEFAULT_SAMPLE_CHARS, help=chars)
     parser.add_argument("--no-figures", action="store_true", help="skip the PNG curves")
     parser.add_argument(
         "--no-dumps", action="store_true", help="do not read generation JSONL dumps (they can be large)"
