@@ -219,30 +219,35 @@ def bench_responses(path: Path, repeats: int, out_dir: Path) -> dict[str, float]
     return rates
 
 
-PATHOLOGICAL = {
-    "100000000!": ("</think>\\boxed{100000000!}", "1"),
-    "9^{9^{9}}": ("</think>\\boxed{9^{9^{9}}}", "1"),
-    "2^{2^{2^{2^{2^{2}}}}}": ("</think>\\boxed{2^{2^{2^{2^{2^{2}}}}}}", "4"),
-    "10^{100000}": ("</think>\\boxed{10^{100000}}", "10"),
-    "100k-digit integer": ("</think>\\boxed{" + "9" * 100_000 + "}", "9"),
+#: name -> (what the final ``\\boxed{}`` holds, ground truth): inputs that must not hang or exhaust the grader.
+_BOXED: dict[str, tuple[str, str | list[str]]] = {
+    "100000000!": ("100000000!", "1"),
+    "9^{9^{9}}": ("9^{9^{9}}", "1"),
+    "2^{2^{2^{2^{2^{2}}}}}": ("2^{2^{2^{2^{2^{2}}}}}", "4"),
+    "10^{100000}": ("10^{100000}", "10"),
+    "100k-digit integer": ("9" * 100_000, "9"),
+    "10k nested braces": ("{" * 10_000 + "1" + "}" * 10_000, "1"),
+    "200-deep parentheses": ("(" * 200 + "1" + ")" * 200, "1"),
+    "NUL bytes": ("1\x00\x00+1", "2"),
+    "lone surrogates": ("\ud800 12 \udfff", "12"),
+    "sympy-heavy sum": ("\\sum_{k=1}^{10^{9}} k^{k}", "1"),
+    "nested radicals 30": ("\\sqrt{2+" * 30 + "2" + "}" * 30, "2"),
+    "tower 9^{9^{9^{9}}}": ("9^{9^{9^{9}}}", "1"),
+    "tower a^{b^{c^{d}}}": ("a^{b^{c^{d}}}", "a^{b^{c}}"),
+    "\\sin(10^{10^{10}})": ("\\sin(10^{10^{10}})", "0"),
+    "(10^{10^9})^{10^{10^9}}": ("(10^{10^{9}})^{10^{10^{9}}}", "1"),
+    "\\exp(\\exp(\\exp(100)))": ("\\exp(\\exp(\\exp(100)))", "1"),
+    "150 x 2000! product": ("2000!\\cdot " * 150 + "1", "2"),
+    "300 \\frac without braces": ("\\frac" * 300 + "12", "1"),
+    "sympy timeout (1000-term sum)": ("\\sum_{k=1}^{1000} \\frac{1}{k^{3}+\\sin(k)}", "\\frac{2}{3}"),
+    "3000 ground truths": ("5^{5}", [f"{i}^{{{i}}}" for i in range(3000)]),
+}
+#: name -> (response, ground truth): the boxed inputs above, then responses of another shape.
+PATHOLOGICAL: dict[str, tuple[str, str | list[str]]] = {
+    **{name: ("</think>\\boxed{" + inner + "}", truth) for name, (inner, truth) in _BOXED.items()},
     "100k-char response": ("<think>" + "so 1+1=2, " * 10_000 + "</think>\\boxed{2}", "2"),
-    "10k nested braces": ("</think>\\boxed{" + "{" * 10_000 + "1" + "}" * 10_000 + "}", "1"),
     "10k unclosed braces": ("</think>\\boxed{" + "{" * 10_000, "1"),
-    "200-deep parentheses": ("</think>\\boxed{" + "(" * 200 + "1" + ")" * 200 + "}", "1"),
-    "NUL bytes": ("</think>\\boxed{1\x00\x00+1}", "2"),
-    "lone surrogates": ("</think>\\boxed{\ud800 12 \udfff}", "12"),
     "5000 boxes": ("</think>" + "\\boxed{1} " * 5000, "1"),
-    "sympy-heavy sum": ("</think>\\boxed{\\sum_{k=1}^{10^{9}} k^{k}}", "1"),
-    "nested radicals 30": ("</think>\\boxed{" + "\\sqrt{2+" * 30 + "2" + "}" * 30 + "}", "2"),
-    "tower 9^{9^{9^{9}}}": ("</think>\\boxed{9^{9^{9^{9}}}}", "1"),
-    "tower a^{b^{c^{d}}}": ("</think>\\boxed{a^{b^{c^{d}}}}", "a^{b^{c}}"),
-    "\\sin(10^{10^{10}})": ("</think>\\boxed{\\sin(10^{10^{10}})}", "0"),
-    "(10^{10^9})^{10^{10^9}}": ("</think>\\boxed{(10^{10^{9}})^{10^{10^{9}}}}", "1"),
-    "\\exp(\\exp(\\exp(100)))": ("</think>\\boxed{\\exp(\\exp(\\exp(100)))}", "1"),
-    "150 x 2000! product": ("</think>\\boxed{" + "2000!\\cdot " * 150 + "1}", "2"),
-    "300 \\frac without braces": ("</think>\\boxed{" + "\\frac" * 300 + "12}", "1"),
-    "sympy timeout (1000-term sum)": ("</think>\\boxed{\\sum_{k=1}^{1000} \\frac{1}{k^{3}+\\sin(k)}}", "\\frac{2}{3}"),
-    "3000 ground truths": ("</think>\\boxed{5^{5}}", [f"{i}^{{{i}}}" for i in range(3000)]),
 }
 
 

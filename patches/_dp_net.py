@@ -22,6 +22,8 @@ import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from r1_ascend import envs
+
 from ._errors import NodeIpError, PortSelectionError
 
 logger = logging.getLogger(__name__)
@@ -143,7 +145,7 @@ def reserved_port_ranges(env: Mapping[str, str]) -> list[range]:
     master_port = _int_or_none(env.get("MASTER_PORT"))
     if master_port is not None:
         ranges.append(range(master_port, master_port + 1))
-    ray_address = env.get("RAY_ADDRESS", "")
+    ray_address = envs.ray_address(env)
     if ":" in ray_address:
         port = _int_or_none(ray_address.rsplit(":", 1)[1])
         if port is not None:

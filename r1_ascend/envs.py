@@ -1,7 +1,15 @@
-"""Every environment variable r1-ascend itself reads, with its default and meaning.
+"""Every environment variable r1-ascend's Python code reads, with its default and meaning.
 
-Upstream variables (``VLLM_*``, ``HCCL_*``, ``PYTORCH_NPU_ALLOC_CONF`` ...) are documented in docs/environment.md;
-only the project's own switches are read here, always through these accessors (never ``os.environ[...]``).
+Covered here: each variable that a Python module of the project reads (its own ``R1_ASCEND_*`` switches, the
+launcher's ``NNODES`` / ``NPUS_PER_NODE``, and ``RAY_ADDRESS``, which the driver check interprets). Each has one
+constant, named as the variable, and one accessor; code elsewhere reads them only through the accessors (never
+``os.environ[...]``; ``tests/test_envs.py`` scans the code for that). Every one is also listed in
+docs/environment.md.
+
+Not covered here, and documented in docs/environment.md instead: the variables only the shell scripts read
+(``MASTER_ADDR``, ``RAY_PORT``, ``REHEARSE_DIR`` ...), and upstream variables the project sets or passes through
+without interpreting them itself (``VLLM_*``, ``HCCL_*``, ``PYTORCH_NPU_ALLOC_CONF``, ``RAY_enable_worker_prestart``
+...). The accessors take an optional mapping so that checks can judge a launch environment other than this process's.
 """
 
 from __future__ import annotations
@@ -20,25 +28,48 @@ R1_ASCEND_DISABLE = "R1_ASCEND_DISABLE"
 #: Unset: the process's logging configuration decides (WARNING unless configured). The one-line prelude summary is
 #: logged at INFO and, when INFO is not enabled, also printed to stderr once per process unless this is ERROR or higher.
 R1_ASCEND_LOG_LEVEL = "R1_ASCEND_LOG_LEVEL"
+#: The overlay's switches, carried into every Ray worker's runtime env (recipe/runtime_env.py).
+PATCH_SWITCHES = (R1_ASCEND_DISABLE, R1_ASCEND_DISABLE_ALL, R1_ASCEND_LOG_LEVEL)
+
+#: The run configuration in recipe/config (preflight's ``--config`` default; the run scripts read it too).
+#: Unset: the caller's default (the 671B configuration).
+R1_ASCEND_CONFIG = "R1_ASCEND_CONFIG"
+#: Number of nodes of the cluster, set by the launcher. Unset: not known (preflight skips the size comparison;
+#: the driver check treats the run as single-node).
+NNODES = "NNODES"
+#: NPU dies per node, set by the launcher. Unset: not known (preflight skips the size comparison).
+NPUS_PER_NODE = "NPUS_PER_NODE"
+#: ``HOST:PORT`` of the Ray cluster the driver joins (exported by the head; Ray's own variable, which verl's bare
+#: ``ray.init()`` follows). Unset, ``auto`` or ``local``: Ray's own choice; the driver check refuses unset with
+#: ``NNODES`` > 1. The DP rendezvous also keeps clear of its port.
+RAY_ADDRESS = "RAY_ADDRESS"
+#: Seconds the driver keeps trying ``RAY_ADDRESS`` before failing with the address in the message.
+R1_ASCEND_RAY_CONNECT_TIMEOUT = "R1_ASCEND_RAY_CONNECT_TIMEOUT"
+RAY_CONNECT_TIMEOUT_DEFAULT_S = 30.0
+#: Directory the CPU rehearsal's stand-in workers append their lifecycle records to (set by ``r1-ascend rehearse``
+#: in the Ray runtime env). Unset: nothing is recorded.
+R1_ASCEND_REHEARSE_DIR = "R1_ASCEND_REHEARSE_DIR"
 
 _TRUE = {"1", "true", "yes", "on"}
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
+def _env(environ: Mapping[str, str] | None) -> Mapping[str, str]:
+    return os.environ if environ is None else environ
+
+
 def disable_all(environ: Mapping[str, str] | None = None) -> bool:
-    environ = os.environ if environ is None else environ
-    return environ.get(R1_ASCEND_DISABLE_ALL, "").strip().lower() in _TRUE
+    return _env(environ).get(R1_ASCEND_DISABLE_ALL, "").strip().lower() in _TRUE
 
 
 def disabled_patch_names(environ: Mapping[str, str] | None = None) -> list[str]:
-    environ = os.environ if environ is None else environ
-    raw = environ.get(R1_ASCEND_DISABLE, "")
+    raw = _env(environ).get(R1_ASCEND_DISABLE, "")
     return [name.strip() for name in raw.split(",") if name.strip()]
 
 
 def configured_log_level(environ: Mapping[str, str] | None = None) -> int | None:
     """The numeric level named by ``R1_ASCEND_LOG_LEVEL``, or None when unset; ``ValueError`` for a bad name."""
-    environ = os.environ if environ is None else environ
+    environ = _env(environ)
     raw = environ.get(R1_ASCEND_LOG_LEVEL, "").strip().upper()
     if not raw:
         return None
@@ -49,3 +80,48 @@ def configured_log_level(environ: Mapping[str, str] | None = None) -> int | None
         msg = f"{R1_ASCEND_LOG_LEVEL}={value!r} is not a log level; use one of {', '.join(_LEVELS)}"
         raise ValueError(msg)
     return logging.getLevelName(raw)
+
+
+def patch_switches(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The overlay switches that are set, by name, exactly as given (to hand on to other processes)."""
+    environ = _env(environ)
+    return {name: environ[name] for name in PATCH_SWITCHES if environ.get(name) is not None}
+
+
+def run_config(default: str, environ: Mapping[str, str] | None = None) -> str:
+    """The run configuration named by ``R1_ASCEND_CONFIG``, else ``default``."""
+    return _env(environ).get(R1_ASCEND_CONFIG, default)
+
+
+def nnodes(environ: Mapping[str, str] | None = None) -> str | None:
+    """``NNODES`` as given (None when unset); callers judge and report a malformed value in their own terms."""
+    return _env(environ).get(NNODES)
+
+
+def npus_per_node(environ: Mapping[str, str] | None = None) -> str | None:
+    """``NPUS_PER_NODE`` as given (None when unset)."""
+    return _env(environ).get(NPUS_PER_NODE)
+
+
+def ray_address(environ: Mapping[str, str] | None = None) -> str:
+    """``RAY_ADDRESS`` without surrounding blanks; "" when unset."""
+    return _env(environ).get(RAY_ADDRESS, "").strip()
+
+
+def ray_connect_timeout(environ: Mapping[str, str] | None = None) -> float:
+    """Seconds from ``R1_ASCEND_RAY_CONNECT_TIMEOUT`` (default 30); ``ValueError`` naming the variable if malformed."""
+    raw = _env(environ).get(R1_ASCEND_RAY_CONNECT_TIMEOUT, "").strip()
+    if not raw:
+        return RAY_CONNECT_TIMEOUT_DEFAULT_S
+    try:
+        return float(raw)
+    except ValueError:
+        msg = (
+            f"{R1_ASCEND_RAY_CONNECT_TIMEOUT}={raw!r} is not a number of seconds; unset it (default 30) or give e.g. 60"
+        )
+        raise ValueError(msg) from None
+
+
+def rehearse_dir(environ: Mapping[str, str] | None = None) -> str | None:
+    """The rehearsal's lifecycle record directory, or None when nothing is to be recorded."""
+    return _env(environ).get(R1_ASCEND_REHEARSE_DIR) or None

@@ -17,8 +17,8 @@ from omegaconf import OmegaConf, open_dict
 from verl.trainer.main_ppo import TaskRunner, run_ppo
 
 import r1_ascend.patches.prelude  # noqa: F401 - applies the overlay before any verl object is built or used
-from r1_ascend.launch.driver_address import check_driver_can_join
 from r1_ascend.recipe.checks import check_recipe_config
+from r1_ascend.recipe.driver_address import check_driver_can_join
 from r1_ascend.recipe.runtime_env import add_overlay_to_config
 
 logger = logging.getLogger(__name__)

@@ -16,8 +16,6 @@ from r1_ascend import envs
 
 PRELUDE = "r1_ascend.patches.prelude"
 EXTERNAL_MODULES = "VERL_USE_EXTERNAL_MODULES"
-#: The overlay's own switches; a value in the config's runtime env wins over the launching shell's.
-SWITCHES = (envs.R1_ASCEND_DISABLE, envs.R1_ASCEND_DISABLE_ALL, envs.R1_ASCEND_LOG_LEVEL)
 
 
 def merge_external_modules(*values: str | None) -> str:
@@ -36,9 +34,8 @@ def overlay_env_vars(configured: Mapping[str, Any], environ: Mapping[str, str] |
     environ = os.environ if environ is None else environ
     result = {str(key): str(value) for key, value in configured.items()}
     result[EXTERNAL_MODULES] = merge_external_modules(configured.get(EXTERNAL_MODULES), environ.get(EXTERNAL_MODULES))
-    for name in SWITCHES:
-        if name not in result and environ.get(name) is not None:
-            result[name] = environ[name]
+    for name, value in envs.patch_switches(environ).items():
+        result.setdefault(name, value)  # a value in the config's runtime env wins over the launching shell's
     return result
 
 

@@ -11,8 +11,8 @@
 # skips that part.
 set -euo pipefail
 
-repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "${repo_root}"
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 start=$(date +%s)
 
 if compgen -G "/dev/davinci[0-9]*" >/dev/null && [[ "${R1_ASCEND_QUICKSTART_CPU:-0}" != "1" ]]; then
@@ -23,10 +23,14 @@ fi
 echo "quickstart: no NPU on this machine: end-to-end check on the CPU with the shipped sample and a tiny model"
 echo "quickstart: [setup] CPU environment (scripts/setup_cpu_env.sh)"
 bash scripts/setup_cpu_env.sh
-venv="${VENV:-.venv}"
-"${venv}/bin/python" -m r1_ascend.cli quickstart --output-dir "${QUICKSTART_DIR:-outputs/quickstart}" "$@"
+# Output directories: the commands' own defaults (outputs/quickstart, outputs/rehearse) unless set.
+quickstart_args=()
+[[ -z "${QUICKSTART_DIR:-}" ]] || quickstart_args=(--output-dir "${QUICKSTART_DIR}")
+"${venv}/bin/python" -m r1_ascend.cli quickstart "${quickstart_args[@]}" "$@"
 if [[ "${R1_ASCEND_SKIP_REHEARSAL:-0}" != "1" ]]; then
     echo "quickstart: [rehearse] the whole run on this machine: Ray nodes, verl's loop, kill, resume, report"
-    "${venv}/bin/python" -m r1_ascend.cli rehearse --output-dir "${REHEARSE_DIR:-outputs/rehearse}"
+    rehearse_args=()
+    [[ -z "${REHEARSE_DIR:-}" ]] || rehearse_args=(--output-dir "${REHEARSE_DIR}")
+    "${venv}/bin/python" -m r1_ascend.cli rehearse "${rehearse_args[@]}"
 fi
 echo "quickstart: total $(( $(date +%s) - start )) s"

@@ -11,8 +11,8 @@
 # on this node (by the PID it recorded), and nothing else. Variables and defaults: docs/environment.md.
 set -euo pipefail
 
-repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "${repo_root}"
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 python_bin="${PYTHON:-python3}"
 ray_bin="${RAY:-ray}"
@@ -160,17 +160,19 @@ if [[ "${role}" == head ]]; then
     fi
     start_ray --head --port="${ray_port}" --temp-dir="${temp_dir}" "${dashboard[@]}"
     # Connect only once this node's raylet is up: a driver connecting earlier finds no local raylet and can hang.
-    head_deadline=$(( $(date +%s) + ${RAY_HEAD_START_TIMEOUT:-300} ))
+    head_start_timeout="${RAY_HEAD_START_TIMEOUT:-300}"
+    head_deadline=$(( $(date +%s) + head_start_timeout ))
     until tail -n "+$(( log_lines + 1 ))" "${ray_log}" 2>/dev/null | grep -q "Ray runtime started"; do
         kill -0 "$(cat "${pidfile}")" 2>/dev/null || die "ray start --head exited; see ${ray_log}"
-        (( $(date +%s) < head_deadline )) || die "the Ray head did not start within ${RAY_HEAD_START_TIMEOUT:-300} s; see ${ray_log}"
+        (( $(date +%s) < head_deadline )) || die "the Ray head did not start within ${head_start_timeout} s; see ${ray_log}"
         sleep 1
     done
+    wait_timeout="${RAY_WAIT_TIMEOUT:-1800}"
     log "started Ray head (pid $(cat "${pidfile}"), log ${ray_log}); waiting for ${NNODES} x ${NPUS_PER_NODE} NPUs" \
-        "(timeout ${RAY_WAIT_TIMEOUT:-1800} s)"
+        "(timeout ${wait_timeout} s)"
     if ! "${python_bin}" -m r1_ascend.launch.ray_cluster wait --address "${ray_address}" --node-ip "${node_ip}" \
         --nodes "${NNODES}" --npus-per-node "${NPUS_PER_NODE}" --expected-ips "${NODE_IPS:-}" \
-        --timeout "${RAY_WAIT_TIMEOUT:-1800}" --report-every "${RAY_REPORT_EVERY:-30}" \
+        --timeout "${wait_timeout}" --report-every "${RAY_REPORT_EVERY:-30}" \
         --watch-pid "$(cat "${pidfile}")" --log "${ray_log}"; then
         die "the Ray cluster did not assemble (see above); Ray keeps running, stop it with: bash scripts/ray_start_npu.sh stop"
     fi
@@ -183,7 +185,9 @@ if [[ "${role}" == head ]]; then
     exec "${launch_cmd[@]}"
 fi
 
-join_deadline=$(( $(date +%s) + ${RAY_JOIN_TIMEOUT:-1800} ))
+join_timeout="${RAY_JOIN_TIMEOUT:-1800}"
+retry_interval="${RAY_RETRY_INTERVAL:-5}"
+join_deadline=$(( $(date +%s) + join_timeout ))
 attempt=0
 while :; do
     attempt=$(( attempt + 1 ))
@@ -202,9 +206,9 @@ while :; do
     done
     rm -f "${pidfile}"
     if (( $(date +%s) >= join_deadline )); then
-        die "could not join the Ray head at ${ray_address} within ${RAY_JOIN_TIMEOUT:-1800} s (${attempt} attempts);" \
+        die "could not join the Ray head at ${ray_address} within ${join_timeout} s (${attempt} attempts);" \
             "is the head started, is MASTER_ADDR right, is port ${ray_port} reachable from ${node_ip}? log: ${ray_log}"
     fi
-    log "attempt ${attempt} failed; retrying in ${RAY_RETRY_INTERVAL:-5} s"
-    sleep "${RAY_RETRY_INTERVAL:-5}"
+    log "attempt ${attempt} failed; retrying in ${retry_interval} s"
+    sleep "${retry_interval}"
 done

@@ -9,8 +9,8 @@
 # the exact training command, exit. Extra arguments are Hydra overrides for both. Variables: docs/environment.md.
 set -euo pipefail
 
-repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "${repo_root}"
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 python_bin="${PYTHON:-python3}"
 config="${R1_ASCEND_CONFIG:-grpo_deepseekv3_671b}"

@@ -6,11 +6,10 @@
 # Usage: bash scripts/setup_cpu_env.sh            (env: PYTHON=python3.11, VENV=.venv)
 set -euo pipefail
 
-repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "${repo_root}"
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 python_bin="${PYTHON:-python3.11}"
-venv="${VENV:-.venv}"
 stamp="${venv}/.r1-ascend-setup.sha256"
 
 if ! command -v "${python_bin}" >/dev/null 2>&1; then

@@ -3,9 +3,8 @@
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh tests/patches -k offload`.
 set -euo pipefail
 
-repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "${repo_root}"
-venv="${VENV:-.venv}"
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 bash scripts/setup_cpu_env.sh
 

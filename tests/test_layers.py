@@ -61,12 +61,6 @@ REHEARSAL_SITE = "r1_ascend/rehearse/site/"
 #: White-box tests of the overlay: the only code outside patches/ that may import its private modules.
 WHITE_BOX_TESTS = "tests/patches/"
 
-#: Edges that break a rule today and are being moved, each with where the import must end up. An entry whose edge
-#: is gone fails the test, so that the entry is deleted once the move lands.
-PENDING = {
-    ("recipe/main_grpo.py", "r1_ascend.launch.driver_address"): "moves to r1_ascend.recipe.driver_address",
-}
-
 
 @dataclass(frozen=True)
 class Edge:
@@ -160,10 +154,10 @@ def project_imports(path: str, source: str, known: set[str]) -> list[Edge]:
     return edges
 
 
-def violations(files: dict[str, str]) -> tuple[list[str], set[tuple[str, str]]]:
-    """Rule breaks in ``files`` (path -> source) as messages, and the pending edges that were seen."""
+def violations(files: dict[str, str]) -> list[str]:
+    """Rule breaks in ``files`` (path -> source) as messages."""
     known = {name for path in files if (name := module_name(path))}
-    problems, pending_seen = [], set()
+    problems = []
     for path, source in sorted(files.items()):
         layer = layer_of_file(path)
         for edge in project_imports(path, source, known):
@@ -179,13 +173,9 @@ def violations(files: dict[str, str]) -> tuple[list[str], set[tuple[str, str]]]:
                 and not (layer == TESTS and path.startswith(WHITE_BOX_TESTS))
             ):
                 problem = f"{edge.imported} is private to r1_ascend.patches; import a public module or name"
-            if problem is None:
-                continue
-            if (path, edge.imported) in PENDING:
-                pending_seen.add((path, edge.imported))
-                continue
-            problems.append(f"{path}:{edge.line}: {problem}")
-    return problems, pending_seen
+            if problem is not None:
+                problems.append(f"{path}:{edge.line}: {problem}")
+    return problems
 
 
 def _tracked_sources() -> dict[str, str]:
@@ -203,10 +193,7 @@ def test_every_import_follows_the_layers() -> None:
     files = _tracked_sources()
     assert "patches/_apply.py" in files, "git listed the wrong tree"
     assert "tests/test_layers.py" in files, "git listed the wrong tree"
-    problems, pending_seen = violations(files)
-    assert problems == []
-    stale = sorted(set(PENDING) - pending_seen)
-    assert not stale, f"pending edges no longer exist, delete them from PENDING: {stale}"
+    assert violations(files) == []
 
 
 @pytest.mark.parametrize(
@@ -227,7 +214,7 @@ def test_every_import_follows_the_layers() -> None:
 def test_a_forbidden_import_is_reported(path: str, source: str, expected: str) -> None:
     """The checker trips on each kind of rule break (so the test above can fail)."""
     files = {path: source, "r1_ascend/launch/checks.py": "", "patches/rules/__init__.py": ""}
-    problems, _ = violations(files)
+    problems = violations(files)
     assert any(expected in problem for problem in problems), problems
 
 
@@ -241,7 +228,7 @@ def test_allowed_imports_are_not_reported() -> None:
         "r1_ascend/envs.py": "",
         "data/files.py": "",
     }
-    assert violations(files) == ([], set())
+    assert violations(files) == []
 
 
 def test_an_unplaced_file_is_an_error() -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from r1_ascend import envs
 from r1_ascend.launch.divisibility import expert_split_problems, world_split_problems
 from r1_ascend.launch.layout import mindspeed_stage_layers, rollout_layout, train_layout
 from r1_ascend.launch.memory import GIB, MemoryInputs, PhaseEstimate, estimate
@@ -100,7 +101,7 @@ def check_paths(run: Run) -> Iterator[Finding]:
 def check_world_size(run: Run) -> Iterator[Finding]:
     cfg = run.config
     nodes, per_node = int(cfg.trainer.nnodes), int(cfg.trainer.n_gpus_per_node)
-    env_nodes, env_per_node = run.env.get("NNODES"), run.env.get("NPUS_PER_NODE")
+    env_nodes, env_per_node = envs.nnodes(run.env), envs.npus_per_node(run.env)
     if not env_nodes or not env_per_node:
         yield Finding(
             "world_size",

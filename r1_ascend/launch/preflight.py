@@ -16,13 +16,14 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
+from r1_ascend import envs
 from r1_ascend.launch.checks import CHECKS, ERROR, OK, SKIPPED, WARNING, Finding, Run, prepare
 from r1_ascend.launch.memory import A3_DIE_MEMORY_GB, GIB
 from r1_ascend.launch.overlays import DEFAULT_OVERLAY, OverlayError, compose, overlay_names
 from r1_ascend.launch.units import human_count, plural
 
 #: Environment variables the checks read (docs/environment.md).
-ENV_KEYS = ("NNODES", "NPUS_PER_NODE", "VLLM_DP_SIZE")
+ENV_KEYS = (envs.NNODES, envs.NPUS_PER_NODE, "VLLM_DP_SIZE")
 
 
 def run_checks(
@@ -55,42 +56,40 @@ def run_checks(
 
 def format_plan(run: Run) -> list[str]:
     cfg = run.config
-    lines = ["Plan"]
-    lines.append(
-        f"  cluster   {plural(cfg.trainer.nnodes, 'node')} x {plural(cfg.trainer.n_gpus_per_node, 'NPU')} = "
-        f"{plural(run.world, 'die')} "
-        f"(device {cfg.trainer.device})"
-    )
+    rollout = cfg.actor_rollout_ref.rollout
+    megatron = cfg.actor_rollout_ref.actor.megatron
+    rows = [
+        (
+            "cluster",
+            f"{plural(cfg.trainer.nnodes, 'node')} x {plural(cfg.trainer.n_gpus_per_node, 'NPU')} = "
+            f"{plural(run.world, 'die')} (device {cfg.trainer.device})",
+        )
+    ]
     model = run.model
     if model is not None:
         experts = f"{model.num_experts} experts, {model.num_dense_layers} dense layers" if model.is_moe else "dense"
-        lines.append(
-            f"  model     {model.model_type} at {model.path}: {model.num_layers} layers, {experts}, "
-            f"{human_count(model.total_params())} params, max_position_embeddings {model.max_position_embeddings}"
+        shape = f"{model.num_layers} layers, {experts}, {human_count(model.total_params())} params"
+        rows.append(
+            (
+                "model",
+                f"{model.model_type} at {model.path}: {shape}, max_position_embeddings {model.max_position_embeddings}",
+            )
         )
     train = run.train
     if train is not None:
         split = f"; stages {run.stages}" if run.stages else ""
-        lines.append(
-            f"  actor+ref TP{train.tp} PP{train.pp} EP{train.ep} CP{train.cp} -> DP {train.dp}, expert DP "
-            f"{train.expert_dp}{split}; offload param/grad/optimizer "
-            f"{_onoff(cfg.actor_rollout_ref.actor.megatron.param_offload)}/"
-            f"{_onoff(cfg.actor_rollout_ref.actor.megatron.grad_offload)}/"
-            f"{_onoff(cfg.actor_rollout_ref.actor.megatron.optimizer_offload)}, swap optimizer "
-            f"{_onoff(cfg.actor_rollout_ref.actor.megatron.override_transformer_config.get('swap_optimizer', False))}"
-        )
-    rollout = cfg.actor_rollout_ref.rollout
+        offload = "/".join(_onoff(megatron[key]) for key in ("param_offload", "grad_offload", "optimizer_offload"))
+        swap = _onoff(megatron.override_transformer_config.get("swap_optimizer", False))
+        parallel = f"TP{train.tp} PP{train.pp} EP{train.ep} CP{train.cp} -> DP {train.dp}, expert DP {train.expert_dp}"
+        rows.append(("actor+ref", f"{parallel}{split}; offload param/grad/optimizer {offload}, swap optimizer {swap}"))
     if run.rollout is not None:
-        lines.append(
-            f"  rollout   vLLM TP{run.rollout.tp} x DP{run.rollout.dp} (VLLM_DP_SIZE={run.rollout.dp}) -> EP "
-            f"{run.rollout.ep}; max_num_seqs {rollout.max_num_seqs}, max_num_batched_tokens "
-            f"{rollout.max_num_batched_tokens}, mode {rollout.mode}"
-        )
-    lines.append(
-        f"  batch     {cfg.data.train_batch_size} prompts x {rollout.n} samples, prompt {cfg.data.max_prompt_length} "
-        f"+ response {cfg.data.max_response_length} tokens, {cfg.trainer.total_training_steps} steps"
-    )
-    return lines
+        engine = f"vLLM TP{run.rollout.tp} x DP{run.rollout.dp} (VLLM_DP_SIZE={run.rollout.dp}) -> EP {run.rollout.ep}"
+        limits = f"max_num_seqs {rollout.max_num_seqs}, max_num_batched_tokens {rollout.max_num_batched_tokens}"
+        rows.append(("rollout", f"{engine}; {limits}, mode {rollout.mode}"))
+    lengths = f"prompt {cfg.data.max_prompt_length} + response {cfg.data.max_response_length} tokens"
+    steps = f"{cfg.trainer.total_training_steps} steps"
+    rows.append(("batch", f"{cfg.data.train_batch_size} prompts x {rollout.n} samples, {lengths}, {steps}"))
+    return ["Plan", *(f"  {label:<9} {text}" for label, text in rows)]
 
 
 def format_memory(run: Run) -> list[str]:
@@ -122,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="r1-ascend preflight", description=plain_help(__doc__))
     parser.add_argument(
         "--config",
-        default=os.environ.get("R1_ASCEND_CONFIG", DEFAULT_OVERLAY),
+        default=envs.run_config(DEFAULT_OVERLAY),
         help=f"run configuration in recipe/config (default: $R1_ASCEND_CONFIG or {DEFAULT_OVERLAY})",
     )
     parser.add_argument(

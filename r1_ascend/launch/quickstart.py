@@ -16,11 +16,10 @@ import shlex
 import sys
 import time
 from collections.abc import Callable
-from importlib.resources import files
 from pathlib import Path
 
 from r1_ascend.launch.overlays import SMOKE_OVERLAY
-from r1_ascend.launch.smoke_model import SMOKE_CONVERT_LAYOUT, smoke_overrides
+from r1_ascend.launch.smoke_model import SMOKE_CONVERT_LAYOUT, sample_path, smoke_overrides
 
 DEFAULT_OUTPUT = Path("outputs/quickstart")
 SMOKE_ENV = {"NNODES": "1", "NPUS_PER_NODE": "16"}
@@ -36,8 +35,7 @@ def _stage(index: int, total: int, title: str, action: Callable[[], str]) -> Non
 def prepare_data(out: Path) -> str:
     from r1_ascend.data.prepare import prepare, prepare_val
 
-    sample = Path(str(files("r1_ascend.data").joinpath("sample", "deepscaler_sample.json")))
-    train = prepare([sample], out, overwrite=True)
+    train = prepare([sample_path()], out, overwrite=True)
     val = prepare_val(out, overwrite=True)
     return f"{train.rows_written} train rows, {val.rows_written} validation rows in {out}"
 

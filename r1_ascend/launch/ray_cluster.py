@@ -11,12 +11,13 @@ Uses ``ray.nodes()`` / ``ray.cluster_resources()`` (never parses ``ray status`` 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import psutil
 
 POLL_SECONDS = 2.0
 
@@ -63,18 +64,6 @@ def _joined(state: ClusterState) -> str:
     return ", ".join(f"{ip} ({npus:g} NPU)" for ip, npus in sorted(state.npus_by_ip.items())) or "none"
 
 
-def _alive(pid: int | None) -> bool:
-    if pid is None:
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _connect(address: str, node_ip: str) -> Callable[[], ClusterState]:
     import ray
 
@@ -103,7 +92,7 @@ def wait(args: argparse.Namespace, *, joined_only: bool) -> int:
     last_report = 0.0
     problem = "not connected to the Ray head yet"
     while True:
-        if not _alive(args.watch_pid):
+        if args.watch_pid is not None and not psutil.pid_exists(args.watch_pid):
             print(
                 f"the ray start process {args.watch_pid} exited; see its log ({args.log or 'ray logs'})",
                 file=sys.stderr,

@@ -1,10 +1,13 @@
 """The shape of the smoke-test model: DeepSeek-V3's structure (MLA, dense then MoE layers, shared expert, grouped
 routing) with 4 layers and 16 routed experts, so the smoke config's layouts (actor PP2 EP8, rollout EP16 on one
-16-die node) divide it like the 671B layouts divide DeepSeek-V3.
+16-die node) divide it like the 671B layouts divide DeepSeek-V3. Also the one definition of the small inputs built
+from it: its tiny BF16 config (preflight tests, rehearsal) and the shipped sample the smoke data comes from.
 """
 
 from __future__ import annotations
 
+from importlib.resources import files
+from pathlib import Path
 from typing import Any
 
 SMOKE_STRUCTURE: dict[str, Any] = {
@@ -47,3 +50,19 @@ def smoke_overrides(dims: str) -> dict[str, Any]:
         return {**SMOKE_STRUCTURE, **DEEPSEEK_V3_DIMS, "num_hidden_layers": 4, "first_k_dense_replace": 1}
     msg = f"unknown model dimensions {dims!r}; use 'tiny' (CPU) or 'deepseek-v3' (NPU smoke run)"
     raise ValueError(msg)
+
+
+def smoke_model_config(**overrides: Any) -> dict[str, Any]:
+    """The smoke model's BF16 ``config.json`` with the tiny dimensions (MTP and FP8 quantization off), as the
+    preflight tests and the CPU rehearsal load it; ``overrides`` replace any key."""
+    from r1_ascend.weights.tiny import deepseek_v3_config
+
+    config = deepseek_v3_config(**SMOKE_STRUCTURE, num_nextn_predict_layers=0)
+    config.pop("quantization_config")
+    config.update(overrides)
+    return config
+
+
+def sample_path() -> Path:
+    """The shipped DeepScaleR sample the quickstart, the rehearsal and the tiny tokenizer start from."""
+    return Path(str(files("r1_ascend.data").joinpath("sample", "deepscaler_sample.json")))

@@ -10,8 +10,14 @@ and any generated id decodes.
 from __future__ import annotations
 
 import json
-from importlib.resources import files
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from r1_ascend.launch.smoke_model import sample_path
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 #: Files that make a directory loadable by ``AutoTokenizer.from_pretrained``.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -22,15 +28,30 @@ MAX_VOCAB = 512
 def _corpus() -> list[str]:
     from r1_ascend.data import template
 
-    sample = Path(str(files("r1_ascend.data").joinpath("sample", "deepscaler_sample.json")))
-    rows = json.loads(sample.read_text(encoding="utf-8"))
+    rows = json.loads(sample_path().read_text(encoding="utf-8"))
     return [template.R1_ZERO_INSTRUCTION, *(f"{row['problem']} {row.get('answer', '')}" for row in rows)]
+
+
+def train_byte_level(texts: Iterable[str], vocab_size: int, special_tokens: Sequence[str]) -> Tokenizer:
+    """A byte-level BPE tokenizer trained on ``texts``: any text encodes, and decoding gives it back exactly."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    if vocab_size < len(alphabet) + len(special_tokens):
+        msg = f"vocab_size {vocab_size} is too small for a byte-level tokenizer ({len(alphabet)} bytes)"
+        raise ValueError(msg)
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=list(special_tokens), initial_alphabet=alphabet, show_progress=False
+    )
+    tokenizer.train_from_iterator(texts, trainer)
+    return tokenizer
 
 
 def write_tiny_tokenizer(model_dir: Path) -> int:
     """Write the tokenizer files into ``model_dir`` (next to its config.json); returns the vocabulary size."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     from r1_ascend.data import template
 
     config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
@@ -38,18 +59,7 @@ def write_tiny_tokenizer(model_dir: Path) -> int:
     if (config.get("bos_token_id"), config.get("eos_token_id")) != (0, 1):
         msg = f"{model_dir}/config.json has BOS/EOS ids {config.get('bos_token_id')}/{config.get('eos_token_id')}"
         raise ValueError(msg + ", the tokenizer puts them at 0/1")
-    vocab = min(int(config["vocab_size"]), MAX_VOCAB)
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    if vocab < len(alphabet) + len(specials):
-        msg = f"vocab_size {config['vocab_size']} is too small for a byte-level tokenizer ({len(alphabet)} bytes)"
-        raise ValueError(msg)
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab, special_tokens=specials, initial_alphabet=alphabet, show_progress=False
-    )
-    tokenizer.train_from_iterator(_corpus(), trainer)
+    tokenizer = train_byte_level(_corpus(), min(int(config["vocab_size"]), MAX_VOCAB), specials)
     tokenizer.save(str(model_dir / "tokenizer.json"))
     names = {"bos_token": specials[0], "eos_token": specials[1], "pad_token": specials[1]}
     tokenizer_config = {

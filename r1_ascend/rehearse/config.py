@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from r1_ascend import envs
 from r1_ascend.rehearse.inputs import Inputs
 
 CONFIG_NAME = "grpo_deepseekv3_smoke"
@@ -39,8 +40,8 @@ def overrides(plan: Plan, inputs: Inputs, out: Path, repo_root: Path) -> list[st
     return [
         # inputs made by the rehearsal (a tokenizer-bearing model dir; parquet from prepare-data)
         f"actor_rollout_ref.model.path={inputs.model}",
-        f"data.train_files={inputs.train}",
-        f"data.val_files={inputs.val}",
+        f"data.train_files={inputs.parquet('train')}",
+        f"data.val_files={inputs.parquet('val')}",
         f"custom_reward_function.path={repo_root / 'recipe' / 'deepscaler_reward.py'}",
         # cluster: NODES x NPUS_PER_NODE fake NPUs instead of one 16-die node
         f"trainer.nnodes={plan.nodes}",
@@ -81,7 +82,7 @@ def overrides(plan: Plan, inputs: Inputs, out: Path, repo_root: Path) -> list[st
         f"trainer.default_local_dir={out / 'checkpoints'}",
         # Ray: the device stand-ins after the overlay's prelude in every worker; the lifecycle record directory
         f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES={STANDINS_MODULE}",
-        f"+ray_kwargs.ray_init.runtime_env.env_vars.R1_ASCEND_REHEARSE_DIR={out / 'lifecycle'}",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.{envs.R1_ASCEND_REHEARSE_DIR}={out / 'lifecycle'}",
         f"+ray_kwargs.ray_init.runtime_env.env_vars.TENSORBOARD_DIR={out / 'tensorboard'}",
         "+ray_kwargs.ray_init.runtime_env.env_vars.RAY_DEDUP_LOGS='0'",
     ]

@@ -73,7 +73,7 @@ class Cluster:
 
     @property
     def head_ip(self) -> str:
-        return "127.0.0.2"
+        return node_ip(0)
 
     def address(self) -> str:
         return f"{self.head_ip}:{self.envs[0]['RAY_PORT']}"
@@ -89,6 +89,16 @@ def make_netns() -> tuple[list[str], str | None]:
     prefix = ["ip", "netns", "exec", name]
     subprocess.run([*prefix, "ip", "link", "set", "lo", "up"], check=True, capture_output=True)
     return prefix, name
+
+
+def node_ip(index: int) -> str:
+    """The loopback address of simulated node ``index`` (the head is node 0)."""
+    return f"127.0.0.{index + 2}"
+
+
+def node_dir(out: Path, ip: str) -> Path:
+    """A simulated node's run directory (its ``R1_ASCEND_RUN_DIR``: pid files and Ray start logs)."""
+    return out / "nodes" / ip
 
 
 def node_envs(out: Path, plan: Plan, launch: Path) -> tuple[list[dict[str, str]], str]:
@@ -107,7 +117,7 @@ def node_envs(out: Path, plan: Plan, launch: Path) -> tuple[list[dict[str, str]]
         "PYTHONPATH": os.pathsep.join(filter(None, [str(SITE), os.environ.get("PYTHONPATH", "")])),
         "NNODES": str(plan.nodes),
         "NPUS_PER_NODE": str(plan.npus_per_node),
-        "MASTER_ADDR": "127.0.0.2",
+        "MASTER_ADDR": node_ip(0),
         "RAY_PORT": str(port),
         "RAY_NUM_CPUS": "2",
         "RAY_TEMP_DIR": temp_dir,
@@ -127,13 +137,11 @@ def node_envs(out: Path, plan: Plan, launch: Path) -> tuple[list[dict[str, str]]
         base.pop(key, None)
     envs = []
     for index in range(plan.nodes):
-        ip = f"127.0.0.{index + 2}"
+        ip = node_ip(index)
         extra = f"--object-store-memory=120000000 --dashboard-agent-listen-port={_free_port()}"
         if index == 0:
             extra += f" --ray-client-server-port={_free_port()}"
-        envs.append(
-            {**base, "NODE_IP": ip, "R1_ASCEND_RUN_DIR": str(out / "nodes" / ip), "RAY_START_EXTRA_ARGS": extra}
-        )
+        envs.append({**base, "NODE_IP": ip, "R1_ASCEND_RUN_DIR": str(node_dir(out, ip)), "RAY_START_EXTRA_ARGS": extra})
     return envs, temp_dir
 
 
@@ -159,13 +167,13 @@ def start_cluster(cluster: Cluster, head_log: Path) -> subprocess.Popen:
     with head_log.open("w") as log:
         head = subprocess.Popen([*cluster.prefix, "bash", str(SCRIPT)], env=head_env, stdout=log, stderr=log)
     cluster.drivers.append(head)  # after the exec, this pid is the driver of run 1
-    ray_log = Path(head_env["R1_ASCEND_RUN_DIR"]) / f"ray-head-{cluster.head_ip}.log"
+    ray_log = node_dir(cluster.out, cluster.head_ip) / f"ray-head-{cluster.head_ip}.log"
     _wait_for(lambda: "Ray runtime started" in _text(ray_log), "the Ray head to start", 180, head, head_log)
     for env in cluster.envs[1:]:
         done = subprocess.run(
             [*cluster.prefix, "bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=240, check=False
         )
-        (Path(env["R1_ASCEND_RUN_DIR"]) / "start.log").write_text(done.stdout + done.stderr)
+        (node_dir(cluster.out, env["NODE_IP"]) / "start.log").write_text(done.stdout + done.stderr)
         if done.returncode != 0:
             raise RehearsalError(f"node {env['NODE_IP']} did not join: {done.stderr.strip()[-1500:]}")
     return head

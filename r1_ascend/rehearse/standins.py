@@ -24,10 +24,8 @@ from typing import Any
 
 import torch
 
+from r1_ascend import envs
 from r1_ascend.rehearse.tiny_policy import TinyPolicy
-
-#: Where the workers write their lifecycle records (set by the rehearsal in the Ray runtime env).
-DIR_ENV = "R1_ASCEND_REHEARSE_DIR"
 
 #: (what is stood in, where verl reaches it, why) - the complete list.
 STAND_INS: tuple[tuple[str, str, str], ...] = (
@@ -233,7 +231,7 @@ class CPUCheckpointManager:
 
 
 def _record(event: str, **fields: Any) -> None:
-    directory = os.environ.get(DIR_ENV)
+    directory = envs.rehearse_dir()
     if not directory:
         return
     line = json.dumps({"t": time.time(), "pid": os.getpid(), "event": event, **fields})

@@ -12,6 +12,7 @@ import logging
 import sys
 from pathlib import Path
 
+from r1_ascend.report import metric_names as mn
 from r1_ascend.report.compare import (
     DEFAULT_STAGE_FLOOR_S,
     DEFAULT_STAGE_INCREASE,
@@ -24,14 +25,21 @@ from r1_ascend.report.compare import (
     exit_code,
 )
 from r1_ascend.report.markdown import comparison_markdown, fmt, render_report, status_line
-from r1_ascend.report.run import RunData, RunInputError, load_run
+from r1_ascend.report.run import DEFAULT_SAMPLE_CHARS, DEFAULT_SAMPLES, RunData, RunInputError, load_run
 from r1_ascend.report.run_config import RunConfigError
 from r1_ascend.report.tensorboard_events import TensorboardUnavailableError
-from r1_ascend.report.timing import COLUMNS, TimingTable, Window, build_timing_table, parse_window
+from r1_ascend.report.timing import COLUMNS, DIES_PER_CARD, TimingTable, Window, build_timing_table, parse_window
 
 logger = logging.getLogger(__name__)
 
 _OFF = ("off", "none", "disable")
+#: The whole-run limits, by Thresholds field (the option is its name with dashes); defaults come from Thresholds.
+_RUN_LIMITS = (
+    ("max_throughput_drop", f"largest allowed relative drop of mean {mn.THROUGHPUT_PER_DIE} (0.05 = 5%%)"),
+    ("max_step_time_increase", f"largest allowed relative increase of mean {mn.STEP_TIME}"),
+    ("max_memory_increase_gb", f"largest allowed increase of peak {mn.MAX_MEMORY_ALLOCATED_GB} in GiB"),
+    ("max_reward_diff", f"largest allowed absolute difference of mean {mn.REWARD_MEAN}, either direction"),
+)
 
 
 def _threshold(text: str) -> float | None:
@@ -107,11 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the run's composed config, for trainer.total_training_steps when the log lacks verl's "
         "'Total training steps' line (default: .hydra/config.yaml files inside the run directory)",
     )
-    parser.add_argument(
-        "--dies-per-card", type=_positive_int, default=2, help="NPU dies per card for per-card throughput (A3: 2)"
-    )
-    parser.add_argument("--samples", type=int, default=3, help="sample generations to show per dump (default 3)")
-    parser.add_argument("--sample-chars", type=_positive_int, default=600, help="characters kept per prompt/response")
+    dies = f"NPU dies per card for per-card throughput (default {DIES_PER_CARD}, Atlas A3)"
+    parser.add_argument("--dies-per-card", type=_positive_int, default=DIES_PER_CARD, help=dies)
+    samples = f"sample generations to show per dump (default {DEFAULT_SAMPLES})"
+    parser.add_argument("--samples", type=int, default=DEFAULT_SAMPLES, help=samples)
+    chars = f"characters kept per prompt/response (default {DEFAULT_SAMPLE_CHARS})"
+    parser.add_argument("--sample-chars", type=_positive_int, default=DEFAULT_SAMPLE_CHARS, help=chars)
     parser.add_argument("--no-figures", action="store_true", help="skip the PNG curves")
     parser.add_argument(
         "--no-dumps", action="store_true", help="do not read generation JSONL dumps (they can be large)"
@@ -119,30 +128,14 @@ def build_parser() -> argparse.ArgumentParser:
     compare = parser.add_argument_group("comparison (CI regression check)")
     compare.add_argument("--baseline", nargs="+", type=Path, metavar="PATH", help="baseline run (logs or directory)")
     compare.add_argument("--candidate", nargs="+", type=Path, metavar="PATH", help="candidate run (logs or directory)")
-    compare.add_argument(
-        "--max-throughput-drop",
-        type=_threshold,
-        default=defaults.max_throughput_drop,
-        help="largest allowed relative drop of mean perf/throughput (default 0.05 = 5%%; 'off' disables)",
-    )
-    compare.add_argument(
-        "--max-step-time-increase",
-        type=_threshold,
-        default=defaults.max_step_time_increase,
-        help="largest allowed relative increase of mean timing_s/step (default 0.05)",
-    )
-    compare.add_argument(
-        "--max-memory-increase-gb",
-        type=_threshold,
-        default=defaults.max_memory_increase_gb,
-        help="largest allowed increase of peak perf/max_memory_allocated_gb in GiB (default 1.0)",
-    )
-    compare.add_argument(
-        "--max-reward-diff",
-        type=_threshold,
-        default=defaults.max_reward_diff,
-        help="largest allowed absolute difference of mean critic/rewards/mean, either direction (default 0.05)",
-    )
+    for name, what in _RUN_LIMITS:
+        default = getattr(defaults, name)
+        compare.add_argument(
+            f"--{name.replace('_', '-')}",
+            type=_threshold,
+            default=default,
+            help=f"{what} (default {default:g}; 'off' disables)",
+        )
     compare.add_argument(
         "--max-stage-increase",
         type=_stage_limit,

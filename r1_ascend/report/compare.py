@@ -7,6 +7,7 @@ step time +5 %, peak memory +1 GB, reward ±0.05). Each check can be switched of
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from r1_ascend.report import metric_names as mn
@@ -106,49 +107,32 @@ def _peak(run: RunData, key: str, window: Window) -> tuple[float | None, int]:
     return (max(values) if values else None), len(values)
 
 
+#: Whole-run checks on the relative change of a mean: (Thresholds field, label, metric, worse when lower).
+RELATIVE_CHECKS: tuple[tuple[str, str, str, bool], ...] = (
+    ("max_throughput_drop", "throughput (tokens/s per die, mean)", mn.THROUGHPUT_PER_DIE, True),
+    ("max_step_time_increase", "step time (s, mean)", mn.STEP_TIME, False),
+)
+#: A metric's value over the window (mean or peak) and how many steps gave it.
+Reduce = Callable[[RunData, str, Window], tuple[float | None, int]]
+#: Whole-run checks on an absolute change: (Thresholds field, label, metric, mean or peak, either direction).
+ABSOLUTE_CHECKS: tuple[tuple[str, str, str, Reduce, bool], ...] = (
+    ("max_memory_increase_gb", "peak memory allocated (GiB, max)", mn.MAX_MEMORY_ALLOCATED_GB, _peak, False),
+    ("max_reward_diff", "reward (mean)", mn.REWARD_MEAN, _mean, True),
+)
+
+
 def compare_runs(baseline: RunData, candidate: RunData, window: Window, thresholds: Thresholds) -> list[CheckResult]:
     results = []
-    if thresholds.max_throughput_drop is not None:
-        results.append(
-            _relative_check(
-                "throughput (tokens/s per die, mean)",
-                mn.THROUGHPUT_PER_DIE,
-                baseline,
-                candidate,
-                window,
-                limit=thresholds.max_throughput_drop,
-                worse_when_lower=True,
-            )
-        )
-    if thresholds.max_step_time_increase is not None:
-        results.append(
-            _relative_check(
-                "step time (s, mean)",
-                mn.STEP_TIME,
-                baseline,
-                candidate,
-                window,
-                limit=thresholds.max_step_time_increase,
-                worse_when_lower=False,
-            )
-        )
-    if thresholds.max_memory_increase_gb is not None:
-        base, base_n = _peak(baseline, mn.MAX_MEMORY_ALLOCATED_GB, window)
-        cand, cand_n = _peak(candidate, mn.MAX_MEMORY_ALLOCATED_GB, window)
-        limit = thresholds.max_memory_increase_gb
-        results.append(
-            _absolute_result(
-                "peak memory allocated (GiB, max)", mn.MAX_MEMORY_ALLOCATED_GB, base, cand, base_n, cand_n, limit, False
-            )
-        )
-    if thresholds.max_reward_diff is not None:
-        base, base_n = _mean(baseline, mn.REWARD_MEAN, window)
-        cand, cand_n = _mean(candidate, mn.REWARD_MEAN, window)
-        results.append(
-            _absolute_result(
-                "reward (mean)", mn.REWARD_MEAN, base, cand, base_n, cand_n, thresholds.max_reward_diff, True
-            )
-        )
+    for field_name, label, key, worse_when_lower in RELATIVE_CHECKS:
+        limit = getattr(thresholds, field_name)
+        if limit is not None:
+            results.append(_relative_check(label, key, baseline, candidate, window, limit, worse_when_lower))
+    for field_name, label, key, reduce, both_directions in ABSOLUTE_CHECKS:
+        limit = getattr(thresholds, field_name)
+        if limit is not None:
+            base, base_n = reduce(baseline, key, window)
+            cand, cand_n = reduce(candidate, key, window)
+            results.append(_absolute_result(label, key, base, cand, base_n, cand_n, limit, both_directions))
     for stage in STAGES:
         limit = thresholds.max_stage_increase.get(stage.name)
         if limit is not None:

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from r1_ascend.report.lifecycle import RESUME, LifecycleEvent, LifecycleScanner
+from r1_ascend.report.lifecycle import RESUME, LifecycleEvent, LifecycleScanner, LogLine
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 # "step:N" at the start of the text or after whitespace, ")" or "]" (a Ray prefix), followed by " - " or the end.
@@ -22,15 +22,13 @@ _WRAPPED_NUMBER = re.compile(r"^(?:np\.|numpy\.)?(?:float|int|uint|bool_?)\d*\((
 
 
 @dataclass(frozen=True)
-class ParseProblem:
+class ParseProblem(LogLine):
     """A piece of a log line that could not be read; reported to the user instead of guessed."""
 
-    source: str
-    line_no: int
     message: str
 
     def __str__(self) -> str:
-        return f"{self.source}:{self.line_no}: {self.message}"
+        return f"{self.where}: {self.message}"
 
 
 @dataclass
@@ -45,12 +43,10 @@ class StepRecord:
 
 
 @dataclass(frozen=True)
-class ResumeMarker:
+class ResumeMarker(LogLine):
     """A checkpoint restore announced in the log (verl's "Setting global step to N")."""
 
     step: int
-    source: str
-    line_no: int
 
 
 @dataclass

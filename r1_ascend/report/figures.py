@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 from r1_ascend.report import metric_names as mn
 from r1_ascend.report.figure_style import DPI, build_figure
 from r1_ascend.report.run import RunData
-from r1_ascend.report.timing import RESHARD_DERIVED, reshard_seconds
+from r1_ascend.report.timing import DIES_PER_CARD, RESHARD_DERIVED, reshard_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -61,25 +62,24 @@ def _component_panels(run: RunData, _dies: int) -> list[Panel]:
         name: (sorted(by_step), [by_step[s] for s in sorted(by_step)])
         for name, by_step in run.reward_components.items()
     }
-    validation: Series = {}
-    for key in sorted(run.keys()):
-        match = mn.VAL_AUX_MEAN.match(key)
-        if match:
-            steps, values = run.series(key)
-            if steps:
-                validation[f"{match['source']}: {match['var']} (mean@{match['n']})"] = (steps, values)
+    validation = _matching_series(run, mn.VAL_AUX_MEAN, "{source}: {var} (mean@{n})")
     return [Panel("mean per sample (generation dumps)", train), Panel("validation mean (val-aux)", validation)]
 
 
 def _validation_panels(run: RunData, _dies: int) -> list[Panel]:
+    return [Panel("validation accuracy", _matching_series(run, mn.VAL_CORE_MEAN, "{source} {var} (mean@{n})"))]
+
+
+def _matching_series(run: RunData, pattern: re.Pattern[str], label: str) -> Series:
+    """Every logged metric whose name ``pattern`` matches, labelled by ``label`` filled with the match's groups."""
     series: Series = {}
     for key in sorted(run.keys()):
-        match = mn.VAL_CORE_MEAN.match(key)
+        match = pattern.match(key)
         if match:
             steps, values = run.series(key)
             if steps:
-                series[f"{match['source']} {match['var']} (mean@{match['n']})"] = (steps, values)
-    return [Panel("validation accuracy", series)]
+                series[label.format(**match.groupdict())] = (steps, values)
+    return series
 
 
 def _length_panels(run: RunData, _dies: int) -> list[Panel]:
@@ -174,7 +174,7 @@ FIGURES: tuple[FigureSpec, ...] = (
 )
 
 
-def write_figures(run: RunData, out_dir: Path, dies_per_card: int = 2) -> list[FigureResult]:
+def write_figures(run: RunData, out_dir: Path, dies_per_card: int = DIES_PER_CARD) -> list[FigureResult]:
     """Write every figure that has data; the result says which curves were drawn and which metrics were absent."""
     out_dir.mkdir(parents=True, exist_ok=True)
     results = []

@@ -27,7 +27,7 @@ PROGRESS = "progress"
 ERROR = "error"
 
 # Kinds printed once each time a trainer process starts; a second one means a new attempt.
-START_KINDS = (PLANNED, RESUME, FRESH_START, LOOP_START)
+START_KINDS = frozenset({PLANNED, RESUME, FRESH_START, LOOP_START})
 
 # Error ranks, best first: the root cause of a traceback, any "SomethingError: …" line, a logger ERROR line.
 RANK_TRACEBACK = 0
@@ -55,22 +55,28 @@ _LOGGER_ERROR = re.compile(r"^(?:ERROR|CRITICAL)\s|\[(?:ERROR|CRITICAL)\]|\s-\s(
 
 
 @dataclass(frozen=True)
-class LifecycleEvent:
+class LogLine:
+    """Where something was read: the log (or file) it came from and the 1-based line number."""
+
+    source: str
+    line_no: int
+
+    @property
+    def where(self) -> str:
+        return f"{self.source}:{self.line_no}"
+
+
+@dataclass(frozen=True)
+class LifecycleEvent(LogLine):
     """One lifecycle line; ``order`` sorts it among the metric records of the same log."""
 
     kind: str
-    source: str
-    line_no: int
     order: int
     step: int | None = None
     total: int | None = None
     text: str = ""
     rank: int = RANK_LOGGER_ERROR
     block: int | None = None
-
-    @property
-    def where(self) -> str:
-        return f"{self.source}:{self.line_no}"
 
 
 @dataclass
@@ -96,7 +102,7 @@ class LifecycleScanner:
             return events
 
         def event(kind: str, **values: object) -> LifecycleEvent:
-            return LifecycleEvent(kind, self.source, line_no, order, **values)  # type: ignore[arg-type]
+            return LifecycleEvent(self.source, line_no, kind, order, **values)  # type: ignore[arg-type]
 
         found: list[LifecycleEvent] = []
         if match := _PLANNED.search(text):
@@ -132,7 +138,7 @@ class LifecycleScanner:
         if _TRACEBACK_EXCEPTION.match(text.rstrip()):
             current.after_exception = True
             error = LifecycleEvent(
-                ERROR, self.source, line_no, order, text=text.strip(), rank=RANK_TRACEBACK, block=current.block
+                self.source, line_no, ERROR, order, text=text.strip(), rank=RANK_TRACEBACK, block=current.block
             )
             return [error]
         del self._open[process]  # any other unindented line ends the traceback

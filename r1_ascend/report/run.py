@@ -18,6 +18,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from r1_ascend.report.attempts import Attempt, AttemptTracker, Planned, conclude
 from r1_ascend.report.console import ConsoleLog, ParseProblem, parse_console_file
@@ -93,19 +94,25 @@ class RunData:
         return sorted(s for s, m in self.steps.items() if any(k in m for k in TRAINING_STEP_MARKERS))
 
 
-@dataclass
-class _Sources:
-    console: list[Path] = field(default_factory=list)
-    events: list[Path] = field(default_factory=list)
-    dump_roots: list[Path] = field(default_factory=list)
-    configs: list[Path] = field(default_factory=list)
+#: Sample generations shown per dump directory, and the characters kept of each prompt and response.
+DEFAULT_SAMPLES = 3
+DEFAULT_SAMPLE_CHARS = 600
+
+
+class _Sources(NamedTuple):
+    """The inputs found under the given paths, by kind."""
+
+    console: list[Path]
+    events: list[Path]
+    dump_roots: list[Path]
+    configs: list[Path]
 
 
 def load_run(
     paths: list[Path],
     name: str | None = None,
-    samples_wanted: int = 3,
-    sample_chars: int = 600,
+    samples_wanted: int = DEFAULT_SAMPLES,
+    sample_chars: int = DEFAULT_SAMPLE_CHARS,
     read_dumps: bool = True,
     config_paths: list[Path] | None = None,
 ) -> RunData:
@@ -159,7 +166,7 @@ def _default_name(paths: list[Path]) -> str:
 
 
 def _discover(paths: list[Path]) -> _Sources:
-    sources = _Sources()
+    sources = _Sources([], [], [], [])
     for path in paths:
         if not path.exists():
             msg = f"{path} does not exist; pass a verl job log, a TensorBoard directory or a run directory"

@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from r1_ascend.report import metric_names as mn
 from r1_ascend.report.run import RunData
 
+#: NPU dies per card (Atlas A3: 2), for per-card throughput; the report's --dies-per-card default.
+DIES_PER_CARD = 2
+
 RESHARD_FROM_TIMER = "timer"
 RESHARD_DERIVED = "derived"
 
@@ -120,7 +123,7 @@ def finite_mean(values: list[float | None]) -> WindowMean:
     return WindowMean(sum(usable) / len(usable) if usable else None, len(usable))
 
 
-def build_timing_table(run: RunData, window: Window, dies_per_card: int = 2) -> TimingTable:
+def build_timing_table(run: RunData, window: Window, dies_per_card: int = DIES_PER_CARD) -> TimingTable:
     rows: dict[int, dict[str, float | None]] = {}
     reshard_sources: dict[str, int] = {}
     missing: dict[str, list[int]] = {}

@@ -27,6 +27,15 @@ REQUESTED: set[str] = set()
 _MARKER = "__r1_ascend_npu_stub__"
 
 
+def _placeholder_attribute(owner: str, item: str) -> Placeholder:
+    """What an unknown attribute of a stub module or placeholder is (dunder names stay missing, as Python expects)."""
+    if item.startswith("__") and item.endswith("__"):
+        raise AttributeError(item)
+    full = f"{owner}.{item}"
+    REQUESTED.add(full)
+    return Placeholder(full)
+
+
 class Placeholder:
     """A value that tolerates whatever import-time code does with it."""
 
@@ -37,11 +46,7 @@ class Placeholder:
         return f"<npu-stub {self._name}>"
 
     def __getattr__(self, item: str) -> Placeholder:
-        if item.startswith("__") and item.endswith("__"):
-            raise AttributeError(item)
-        full = f"{self._name}.{item}"
-        REQUESTED.add(full)
-        return Placeholder(full)
+        return _placeholder_attribute(self._name, item)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # Used as a decorator (``@torchair.scope.super_kernel``) -> return the decorated object.
@@ -81,11 +86,7 @@ class StubModule(types.ModuleType):
     """A module whose unknown attributes are placeholders."""
 
     def __getattr__(self, item: str) -> Any:
-        if item.startswith("__") and item.endswith("__"):
-            raise AttributeError(item)
-        full = f"{self.__name__}.{item}"
-        REQUESTED.add(full)
-        return Placeholder(full)
+        return _placeholder_attribute(self.__name__, item)
 
 
 class _StubLoader(importlib.abc.Loader):

@@ -4,23 +4,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from importlib.resources import files
 from pathlib import Path
 
 import pytest
 
-from r1_ascend.launch.smoke_model import SMOKE_STRUCTURE
-
-SMOKE_ENV = {"NNODES": "1", "NPUS_PER_NODE": "16"}
-
-
-def smoke_model_config(**overrides):
-    from r1_ascend.weights.tiny import deepseek_v3_config
-
-    config = deepseek_v3_config(**SMOKE_STRUCTURE, num_nextn_predict_layers=0)
-    config.pop("quantization_config")
-    config.update(overrides)
-    return config
+from r1_ascend.launch.smoke_model import sample_path, smoke_model_config
 
 
 def write_model(path: Path, config: dict) -> Path:
@@ -73,7 +61,6 @@ def smoke_inputs(tmp_path_factory) -> SmokeInputs:
     (ckpt / ".metadata").write_bytes(b"\x80")
     (ckpt / "common.pt").write_bytes(b"\x80")
     (ckpt / "__0_0.distcp").write_bytes(b"\x80")
-    sample = Path(str(files("r1_ascend.data").joinpath("sample", "deepscaler_sample.json")))
-    prepare([sample], root / "data")
+    prepare([sample_path()], root / "data")
     prepare_val(root / "data")
     return SmokeInputs(model, ckpt, root / "data")

@@ -14,8 +14,7 @@ import pytest
 from r1_ascend.launch.checks import ERROR
 from r1_ascend.launch.overlays import DEFAULT_OVERLAY, SMOKE_OVERLAY
 from r1_ascend.launch.preflight import main, run_checks
-
-SMOKE_ENV = {"NNODES": "1", "NPUS_PER_NODE": "16"}
+from r1_ascend.launch.quickstart import SMOKE_ENV
 
 
 def _findings(inputs, *extra, env=SMOKE_ENV, config=SMOKE_OVERLAY, paths=None, **kwargs):

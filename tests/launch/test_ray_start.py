@@ -37,7 +37,7 @@ DRIVER = """
 import json, os
 import ray
 from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
-from r1_ascend.launch.driver_address import check_driver_can_join
+from r1_ascend.recipe.driver_address import check_driver_can_join
 
 check_driver_can_join()
 ray.init(num_cpus=None, runtime_env=get_ppo_ray_runtime_env())

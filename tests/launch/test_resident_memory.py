@@ -8,10 +8,9 @@ import pytest
 from r1_ascend.launch.checks import ERROR
 from r1_ascend.launch.overlays import SMOKE_OVERLAY
 from r1_ascend.launch.preflight import run_checks
+from r1_ascend.launch.quickstart import SMOKE_ENV
 from r1_ascend.launch.resident import HCCL_BUFFSIZE_DEFAULT_MB, MIB, hccl_buffsize_mb, hccl_communicators
 from r1_ascend.parallel import Layout
-
-SMOKE_ENV = {"NNODES": "1", "NPUS_PER_NODE": "16"}
 
 
 def _memory(smoke_inputs, *overrides, env=SMOKE_ENV):

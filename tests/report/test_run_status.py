@@ -190,7 +190,7 @@ def _events(*kinds_steps: tuple[str, int | None]) -> list:
     from r1_ascend.report.lifecycle import LifecycleEvent
 
     return [
-        LifecycleEvent(kind, "console.log", line, line, step=step, total=4)
+        LifecycleEvent("console.log", line, kind, line, step=step, total=4)
         for line, (kind, step) in enumerate(kinds_steps)
     ]
 

@@ -22,16 +22,11 @@ PROMPT = "<｜User｜>What is 1+1?<｜Assistant｜>"
 @pytest.fixture(scope="module")
 def byte_tokenizer():
     """A byte-level BPE tokenizer: decoding gives back exactly the text that was encoded, as a real one does."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    model = Tokenizer(models.BPE())
-    model.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    model.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400, special_tokens=["[PAD]"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    model.train_from_iterator([PROMPT] + [response for response, _, _ in CASES], trainer)
+    from r1_ascend.launch.tiny_tokenizer import train_byte_level
+
+    model = train_byte_level([PROMPT] + [response for response, _, _ in CASES], 400, ["[PAD]"])
     return PreTrainedTokenizerFast(tokenizer_object=model, pad_token="[PAD]")
 
 

@@ -12,13 +12,14 @@ one-node local cluster, whose resource pool can never hold the run's NPUs. The l
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 from collections.abc import Mapping
 
+from r1_ascend import envs
+
 #: Seconds the driver keeps trying the head's GCS port before giving up.
-DEFAULT_TIMEOUT = 30.0
+DEFAULT_TIMEOUT = envs.RAY_CONNECT_TIMEOUT_DEFAULT_S
 
 
 class ClusterUnreachableError(ConnectionError):
@@ -57,13 +58,11 @@ def probe(address: str, timeout: float = DEFAULT_TIMEOUT, interval: float = 1.0)
 
 def check_driver_can_join(env: Mapping[str, str] | None = None, timeout: float | None = None) -> str | None:
     """The cluster address the driver will join (None: a single-node local run); raises when it cannot join."""
-    env = os.environ if env is None else env
-    address = env.get("RAY_ADDRESS", "").strip()
+    address = envs.ray_address(env)
     if address and address not in ("auto", "local"):
-        wait = float(env.get("R1_ASCEND_RAY_CONNECT_TIMEOUT", DEFAULT_TIMEOUT)) if timeout is None else timeout
-        probe(address, wait)
+        probe(address, envs.ray_connect_timeout(env) if timeout is None else timeout)
         return address
-    nnodes = env.get("NNODES", "1").strip() or "1"
+    nnodes = (envs.nnodes(env) or "").strip() or "1"
     if not address and nnodes.isdigit() and int(nnodes) > 1:
         raise ClusterUnreachableError(
             f"NNODES={nnodes} but RAY_ADDRESS is not set, so Ray would start a one-node local cluster instead of "
