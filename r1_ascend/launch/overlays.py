@@ -14,6 +14,8 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
+from r1_ascend.patches.rules import rollout_guard
+
 #: The overlay the launcher runs when ``R1_ASCEND_CONFIG`` is not set.
 DEFAULT_OVERLAY = "grpo_deepseekv3_671b"
 SMOKE_OVERLAY = "grpo_deepseekv3_smoke"
@@ -68,11 +70,12 @@ EXTENSION_KEYS: Mapping[str, str] = {
     "r1_ascend.onpolicy_logprob_shortcut": (
         "r1-ascend: skip the old-log-prob pass on an exactly on-policy update (patch verl_onpolicy_logprob)"
     ),
-    "r1_ascend.rollout_guard.enabled": (
+    f"{rollout_guard.CONFIG_KEY}.enabled": (
         "r1-ascend: compare rollout and actor log-probs each step, stop on a mismatch (patch verl_rollout_guard)"
     ),
-    "r1_ascend.rollout_guard.max_mean_abs_diff": (
-        "r1-ascend: the guard's stop threshold on the step's mean |log-prob difference|, in nats (default 1.0)"
+    f"{rollout_guard.CONFIG_KEY}.max_mean_abs_diff": (
+        "r1-ascend: the guard's stop threshold on the step's mean |log-prob difference|, in nats "
+        f"(default {rollout_guard.DEFAULT_MAX_MEAN_ABS_DIFF})"
     ),
 }
 
