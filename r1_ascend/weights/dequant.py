@@ -156,14 +156,15 @@ def _bytes(t: torch.Tensor) -> memoryview:
 
 def stream_tensor(ckpt: HFCheckpoint, name: str, sink: ShardFile, bufs: _Buffers) -> None:
     """Stage one output tensor band by band: FP8 dequantised straight into the staging buffer, everything else
-    read into it byte for byte. Each read also asks the kernel for the next band, so the disk stays busy."""
+    read into it byte for byte. Each read also asks the kernel for the tensor's next band, so the disk stays busy
+    (small tensors are left to the kernel's own sequential read-ahead)."""
     src = ckpt.entry(name)
     if src.dtype != "F8_E4M3":
         for off in range(0, src.nbytes, BAND_BYTES):
             n = min(BAND_BYTES, src.nbytes - off)
             chunk = sink.reserve(n)
             ckpt.read_into(name, off, _bytes(chunk))
-            ckpt.prefetch(name, off + n, BAND_BYTES)
+            ckpt.prefetch(name, off + n, min(BAND_BYTES, src.nbytes - off - n))
             sink.commit(n)
         return
     rows, cols = src.shape
@@ -175,7 +176,7 @@ def stream_tensor(ckpt: HFCheckpoint, name: str, sink: ShardFile, bufs: _Buffers
         r1 = min(rows, r0 + band)
         n = (r1 - r0) * cols
         ckpt.read_into(name, r0 * cols, _bytes(codes[:n]))
-        ckpt.prefetch(name, r1 * cols, band * cols)
+        ckpt.prefetch(name, r1 * cols, (min(rows, r1 + band) - r1) * cols)
         out = sink.reserve(2 * n, align=2).view(torch.bfloat16).view(r1 - r0, cols)
         dequantize_rows(codes[:n].view(r1 - r0, cols), scale, r0, out)
         sink.commit(2 * n)
