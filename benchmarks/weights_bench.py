@@ -86,7 +86,8 @@ print(json.dumps({"cast": cast, "cast_alloc": cast_alloc, "dequant": deq}))
 
 _STARTUP = r"""
 import json, os, time
-t0 = time.time()
+# What the converter has imported when it creates its pool (forked workers inherit it, torch included).
+import r1_ascend.weights.dequant
 from r1_ascend.weights.workers import worker_pool
 def probe(_):
     import torch
