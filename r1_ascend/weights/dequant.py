@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from r1_ascend.weights.durable import DurableRename
 from r1_ascend.weights.errors import AlreadyBF16Error, CheckpointFormatError
 from r1_ascend.weights.fp8 import BLOCK, SCALE_SUFFIX, check_scale_shape, dequantize_rows
 from r1_ascend.weights.inventory import check_inventory, expected_tensors
@@ -28,13 +29,13 @@ from r1_ascend.weights.outdir import fingerprint, prepare_output, remove_stale_t
 from r1_ascend.weights.progress import Progress
 from r1_ascend.weights.safetensors_io import (
     PT_METADATA,
+    StreamingWriter,
     TensorEntry,
     encode_header,
     ordered_layout,
     read_header,
     write_atomically,
 )
-from r1_ascend.weights.shard_file import BufferRing, ShardFile
 from r1_ascend.weights.source import INDEX_NAME, HFCheckpoint, is_mtp_tensor, load_json
 from r1_ascend.weights.workers import delay_hook, mp_context, worker_pool
 
@@ -130,11 +131,8 @@ def _maybe_fault() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-#: Bytes read per step: bounds a worker's buffers to ~100 MB: the FP8 codes of one band (16 MiB), two staging
-#: buffers of 32 MiB (the band being written and the one being filled, see ``shard_file``) and lookup indices.
+#: Bytes read per step: bounds a worker's buffers (FP8 codes + BF16 output + lookup indices) to ~100 MB.
 BAND_BYTES = 16 << 20
-#: Staging buffers per process: one being filled by the converting thread, one being written by the writer thread.
-STAGING_BUFFERS = 2
 
 
 class _Buffers:
@@ -154,87 +152,91 @@ def _bytes(t: torch.Tensor) -> memoryview:
     return memoryview(t.view(torch.uint8).numpy())
 
 
-def stream_tensor(ckpt: HFCheckpoint, name: str, sink: ShardFile, bufs: _Buffers) -> None:
-    """Stage one output tensor band by band: FP8 dequantised straight into the staging buffer, everything else
-    read into it byte for byte. Each read also asks the kernel for the tensor's next band, so the disk stays busy
-    (small tensors are left to the kernel's own sequential read-ahead)."""
+def stream_tensor(ckpt: HFCheckpoint, name: str, writer: StreamingWriter, bufs: _Buffers) -> None:
+    """Write one output tensor band by band: FP8 dequantised, everything else copied byte for byte."""
     src = ckpt.entry(name)
     if src.dtype != "F8_E4M3":
+        writer.begin(name, src.dtype, src.shape)
+        buf = bufs.get("copy", min(src.nbytes, BAND_BYTES), torch.uint8)
         for off in range(0, src.nbytes, BAND_BYTES):
-            n = min(BAND_BYTES, src.nbytes - off)
-            chunk = sink.reserve(n)
+            chunk = buf[: min(BAND_BYTES, src.nbytes - off)]
             ckpt.read_into(name, off, _bytes(chunk))
-            ckpt.prefetch(name, off + n, min(BAND_BYTES, src.nbytes - off - n))
-            sink.commit(n)
+            writer.write_chunk(_bytes(chunk))
+        writer.end()
         return
     rows, cols = src.shape
     scale = ckpt.raw(ckpt.scale_name(name))
     check_scale_shape((rows, cols), scale, name, BLOCK)
     band = max(BLOCK, (BAND_BYTES // max(cols, 1)) // BLOCK * BLOCK)
     codes = bufs.get("codes", min(band, rows) * cols, torch.uint8)
+    out = bufs.get("bf16", min(band, rows) * cols, torch.bfloat16)
+    writer.begin(name, "BF16", src.shape)
     for r0 in range(0, rows, band):
         r1 = min(rows, r0 + band)
         n = (r1 - r0) * cols
         ckpt.read_into(name, r0 * cols, _bytes(codes[:n]))
-        ckpt.prefetch(name, r1 * cols, (min(rows, r1 + band) - r1) * cols)
-        out = sink.reserve(2 * n, align=2).view(torch.bfloat16).view(r1 - r0, cols)
-        dequantize_rows(codes[:n].view(r1 - r0, cols), scale, r0, out)
-        sink.commit(2 * n)
+        dequantize_rows(codes[:n].view(r1 - r0, cols), scale, r0, out[:n].view(r1 - r0, cols))
+        writer.write_chunk(_bytes(out[:n]))
+    writer.end()
 
 
-def _report(report: Any, nbytes: int) -> None:
-    queue = _WORKER_STATE.get("queue")
-    if report is not None:
-        report(nbytes)
-    elif queue is not None:
-        queue.put(nbytes)
+def _start_writeback(f: Any, since: int) -> int:
+    """Hand the bytes written since ``since`` to the kernel for write-back now (DONTNEED starts it without
+    waiting), so the disk works while the next tensor is computed, the closing fsync finds little left to do and
+    the output does not crowd the page cache. Returns the new file position."""
+    f.flush()
+    pos = f.tell()
+    if hasattr(os, "posix_fadvise") and pos > since:
+        os.posix_fadvise(f.fileno(), since, pos - since, os.POSIX_FADV_DONTNEED)
+    return pos
 
 
-def _start_shard(ckpt: HFCheckpoint, dst: str, plan: ShardPlan, report: Any) -> ShardFile:
-    """Stage every tensor of one shard; returns it with its writes, fsync and rename still under way."""
+def _write_shard(ckpt: HFCheckpoint, dst: str, plan: ShardPlan, report: Any) -> DurableRename:
+    """Write every tensor of one shard into its temp file; returns with the fsync and rename under way."""
     bufs = _WORKER_STATE.setdefault("buffers", _Buffers())
-    ring = _WORKER_STATE.get("ring")
-    if ring is None:
-        ring = _WORKER_STATE["ring"] = BufferRing(STAGING_BUFFERS, 2 * BAND_BYTES)
     final = Path(dst) / plan.file
     tmp = final.with_name(f".{plan.file}.tmp-{os.getpid()}")
-    sink = ShardFile(tmp, final, plan.file_size, ring)
+    queue = _WORKER_STATE.get("queue")
+    f = tmp.open("wb")
     try:
-        sink.write(plan.header)
+        writer = StreamingWriter(f, plan.layout, PT_METADATA)
+        written = 0
         for entry in plan.layout:
-            src = ckpt.entry(entry.name)
-            if (("BF16" if src.dtype == "F8_E4M3" else src.dtype), src.shape) != (entry.dtype, entry.shape):
-                msg = f"internal error: {entry.name!r} is {src.dtype} {src.shape}, the plan expects {entry}"
-                raise RuntimeError(msg)
-            stream_tensor(ckpt, entry.name, sink, bufs)
-            src_bytes = src.nbytes
-            if src.dtype == "F8_E4M3":
+            stream_tensor(ckpt, entry.name, writer, bufs)
+            written = _start_writeback(f, written)
+            src_bytes = ckpt.entry(entry.name).nbytes
+            if ckpt.is_fp8(entry.name):
                 src_bytes += ckpt.entry(ckpt.scale_name(entry.name)).nbytes
-            _report(report, src_bytes)
+            if report is not None:
+                report(src_bytes)
+            elif queue is not None:
+                queue.put(src_bytes)
             _maybe_fault()
             delay_hook()
-        sink.finish()
+        writer.close_check()
+        return DurableRename(f, tmp, final)
     except BaseException:
-        sink.abort()
+        f.close()
+        tmp.unlink(missing_ok=True)
         raise
-    return sink
 
 
 def convert_shards(src: str, dst: str, plans: Iterable[ShardPlan], report: Any = None) -> int:
     """Write shards one after another, each atomically; returns the bytes written.
 
-    A shard's fsync and rename run on its writer thread while the next shard is converted; at most one finished
-    shard waits for its fsync at a time, and all of them are in place when this returns (also when it raises).
+    A shard's fsync and rename run on a background thread while the next shard is converted (``durable``); at
+    most one finished shard waits for its fsync at a time, and all of them are in place when this returns, also
+    when it raises.
     """
     ckpt = _checkpoint(src)
     written = 0
-    pending: ShardFile | None = None
+    pending: DurableRename | None = None
     try:
         for plan in plans:
-            sink = _start_shard(ckpt, dst, plan, report)
+            done = _write_shard(ckpt, dst, plan, report)
             if pending is not None:
                 pending.wait()
-            pending = sink
+            pending = done
             written += plan.file_size
     finally:
         if pending is not None:

@@ -159,15 +159,6 @@ class HFCheckpoint:
                 raise CheckpointFormatError(msg)
             done += n
 
-    def prefetch(self, name: str, offset: int, nbytes: int) -> None:
-        """Ask the kernel to start reading ``nbytes`` of ``name``'s shard from ``offset`` (bytes into the tensor;
-        may run past its end into the next tensors), so the disk works while the caller computes."""
-        if not hasattr(os, "posix_fadvise") or nbytes <= 0:
-            return
-        file = self.weight_map[name]
-        start = self.headers[file].data_start + self.headers[file].entries[name].begin + offset
-        os.posix_fadvise(self._fd(file), start, nbytes, os.POSIX_FADV_WILLNEED)
-
     def raw(self, name: str) -> torch.Tensor:
         """The tensor exactly as stored (FP8 stays FP8)."""
         if name not in self.weight_map:
