@@ -7,6 +7,7 @@ time into a temp file that is renamed when complete; a rerun skips shards whose 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -230,17 +231,20 @@ def convert_shards(src: str, dst: str, plans: Iterable[ShardPlan], report: Any =
     """
     ckpt = _checkpoint(src)
     written = 0
-    pending: DurableRename | None = None
+    pending: list[DurableRename] = []
     try:
         for plan in plans:
-            done = _write_shard(ckpt, dst, plan, report)
-            if pending is not None:
-                pending.wait()
-            pending = done
+            pending.append(_write_shard(ckpt, dst, plan, report))
+            if len(pending) > 1:
+                pending.pop(0).wait()
             written += plan.file_size
-    finally:
-        if pending is not None:
-            pending.wait()
+    except BaseException:
+        for rename in pending:  # let every started file finish (or clean up) before reporting the first error
+            with contextlib.suppress(BaseException):
+                rename.wait()
+        raise
+    for rename in pending:
+        rename.wait()
     return written
 
 

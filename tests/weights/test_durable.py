@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,7 @@ def test_a_failed_fsync_never_renames_and_is_raised(tiny_fp8, tmp_path: Path, mo
 
     def fsync(fd: int) -> None:
         calls.append(fd)
+        time.sleep(0.2)  # still failing when the next shard is done: its own fsync must be waited for too
         raise OSError(5, "Input/output error")
 
     monkeypatch.setattr(durable.os, "fsync", fsync)
