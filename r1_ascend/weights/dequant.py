@@ -14,7 +14,7 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -334,7 +334,8 @@ def convert_fp8_to_bf16(
         log.info("%d shards already complete, %d to convert", skipped, len(todo))
     written = 0
     if workers <= 1 or len(todo) <= 1:
-        written = convert_shards(str(src), str(dst), todo, report=bar.add)
+        with _one_torch_thread():
+            written = convert_shards(str(src), str(dst), todo, report=bar.add)
     else:
         written = _run_parallel(str(src), str(dst), todo, workers, bar)
     _write_index_and_side_files(src, dst, plans, ckpt.config, mtp=not drop_mtp)
@@ -343,6 +344,18 @@ def convert_fp8_to_bf16(
     if verify:
         verify_bf16(src, dst, drop_mtp=drop_mtp, progress=progress)
     return result
+
+
+@contextlib.contextmanager
+def _one_torch_thread() -> Iterator[None]:
+    """Convert in this process with one intra-op thread, as a worker does: torch's default of one per core only
+    spins here (same wall time, about twice the CPU) and is many times slower when other jobs share the cores."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _run_parallel(src: str, dst: str, todo: list[ShardPlan], workers: int, bar: Progress) -> int:

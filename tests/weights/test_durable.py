@@ -1,4 +1,5 @@
-"""A shard's fsync and rename run in the background, yet a shard is in place only once durable and whole."""
+"""fp8-to-bf16's shard loop: fsync and rename run in the background, yet a shard is in place only once durable and
+whole; the serial path computes with one torch thread like a worker."""
 
 from __future__ import annotations
 
@@ -79,3 +80,22 @@ def test_every_shard_is_durable_and_in_place_when_convert_returns(
     for plan in plans:
         assert (tmp_path / plan.file).read_bytes() == (tiny_bf16 / plan.file).read_bytes()
     assert not list(tmp_path.glob(".*.tmp-*"))
+
+
+def test_serial_conversion_uses_one_torch_thread_and_restores_it(tiny_fp8, tmp_path: Path, monkeypatch) -> None:
+    import torch
+
+    from r1_ascend.weights import convert_fp8_to_bf16
+
+    seen: set[int] = set()
+    real = dequant.stream_tensor
+
+    def stream(ckpt, name, writer, bufs):
+        seen.add(torch.get_num_threads())
+        real(ckpt, name, writer, bufs)
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(dequant, "stream_tensor", stream)
+    convert_fp8_to_bf16(tiny_fp8.path, tmp_path / "out", workers=1, progress=False)
+    assert seen == {1}
+    assert torch.get_num_threads() == before
