@@ -6,6 +6,10 @@ over the target, and the directory is fsynced so that the rename itself survives
 temporary file is deleted and the target is left as it was. A process killed mid-write leaves only a temporary
 file, which ``remove_stale_temps`` (or a resume) clears. Files are created with ``open`` (not ``mkstemp``), so they
 get the usual permissions from the umask.
+
+``atomic_open_background`` is the same rule with the closing fsync and rename on a thread of their own, for a
+writer that produces one large file after another: the fsync waits for the disk while the next file is computed
+(``fsync`` releases the GIL), and the name still appears only once the data is durable.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -96,6 +101,56 @@ def atomic_open(path: Path) -> Iterator[BinaryIO]:
         _commit(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+class BackgroundCommit:
+    """The fsync, close and rename of one fully written temp file, on a thread; ``wait`` finishes it."""
+
+    def __init__(self, f: BinaryIO, tmp: Path, path: Path) -> None:
+        self._f, self._tmp, self._path = f, tmp, path
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._f.flush()
+        self._thread = threading.Thread(target=self._run, name=f"commit-{self._path.name}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            try:
+                os.fsync(self._f.fileno())
+            finally:
+                self._f.close()
+            _commit(self._tmp, self._path)
+        except BaseException as exc:  # re-raised by wait() on the writing thread
+            self._error = exc
+            self._tmp.unlink(missing_ok=True)
+
+    def wait(self) -> None:
+        """Block until the file is durable under its name; raises what went wrong on the thread."""
+        if self._thread is not None:
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
+@contextmanager
+def atomic_open_background(path: Path) -> Iterator[tuple[BinaryIO, BackgroundCommit]]:
+    """Like ``atomic_open``, but when the block succeeds the fsync and rename start on a thread: call the yielded
+    commit's ``wait`` before treating the file as written. On an error in the block the temp file is deleted."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path(path)
+    f = tmp.open("wb")
+    commit = BackgroundCommit(f, tmp, path)
+    try:
+        yield f, commit
+    except BaseException:
+        f.close()
+        tmp.unlink(missing_ok=True)
+        raise
+    commit.start()
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -111,3 +112,45 @@ def test_a_killed_writer_leaves_only_a_temp_file(tmp_path: Path) -> None:
     assert done.returncode == -signal.SIGKILL
     assert not (tmp_path / "out.bin").exists()
     assert len(list(tmp_path.glob(temp_glob("out.bin")))) == 1
+
+
+def test_background_commit_names_the_file_only_after_wait(tmp_path: Path, monkeypatch) -> None:
+    """The fsync runs on a thread; until ``wait`` returns the target may be absent, afterwards it is complete."""
+    release = threading.Event()
+    real_fsync = os.fsync
+
+    def slow_fsync(fd: int) -> None:
+        release.wait(5)
+        real_fsync(fd)
+
+    monkeypatch.setattr(atomic.os, "fsync", slow_fsync)
+    target = tmp_path / "shard.bin"
+    with atomic.atomic_open_background(target) as (f, commit):
+        f.write(b"payload")
+    assert not target.exists(), "renamed before its fsync finished"
+    release.set()
+    commit.wait()
+    assert target.read_bytes() == b"payload"
+    assert not list(tmp_path.glob(temp_glob()))
+
+
+def test_background_commit_errors_are_raised_by_wait_and_leave_no_file(tmp_path: Path, monkeypatch) -> None:
+    def failing_fsync(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    target = tmp_path / "shard.bin"
+
+    def fail_in_block() -> None:
+        with atomic.atomic_open_background(target) as (f, _):
+            f.write(b"x")
+            raise RuntimeError("in the block")
+
+    with pytest.raises(RuntimeError, match="in the block"):
+        fail_in_block()
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(atomic.os, "fsync", failing_fsync)
+    with atomic.atomic_open_background(target) as (f, commit):
+        f.write(b"y")
+    with pytest.raises(OSError, match="Input/output"):
+        commit.wait()
+    assert list(tmp_path.iterdir()) == []

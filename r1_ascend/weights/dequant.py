@@ -7,9 +7,11 @@ time into a temp file that is renamed when complete; a rerun skips shards whose 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
+from collections.abc import Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +19,7 @@ from typing import Any
 
 import torch
 
-from r1_ascend.atomic import atomic_open, atomic_write_json, remove_stale_temps
+from r1_ascend.atomic import BackgroundCommit, atomic_open_background, atomic_write_json, remove_stale_temps
 from r1_ascend.weights.errors import AlreadyBF16Error, CheckpointFormatError
 from r1_ascend.weights.fp8 import BLOCK, SCALE_SUFFIX, check_scale_shape, dequantize_rows
 from r1_ascend.weights.inventory import check_inventory, expected_tensors
@@ -102,8 +104,9 @@ def shard_is_complete(path: Path, plan: ShardPlan) -> bool:
 _WORKER_STATE: dict[str, Any] = {}
 
 
-def _worker_init(queue: Any) -> None:
+def _worker_init(queue: Any, work: Any = None) -> None:
     _WORKER_STATE["queue"] = queue
+    _WORKER_STATE["work"] = work
 
 
 def _checkpoint(src: str) -> HFCheckpoint:
@@ -174,12 +177,11 @@ def _start_writeback(f: Any, since: int) -> int:
     return pos
 
 
-def convert_shard(src: str, dst: str, plan: ShardPlan, report: Any = None) -> int:
-    """Write one output shard atomically; returns the bytes written."""
-    ckpt = _checkpoint(src)
+def _write_shard(ckpt: HFCheckpoint, dst: str, plan: ShardPlan, report: Any) -> BackgroundCommit:
+    """Write every tensor of one shard into its temp file; returns with the fsync and rename under way."""
     bufs = _WORKER_STATE.setdefault("buffers", _Buffers())
     queue = _WORKER_STATE.get("queue")
-    with atomic_open(Path(dst) / plan.file) as f:
+    with atomic_open_background(Path(dst) / plan.file) as (f, commit):
         writer = StreamingWriter(f, plan.layout, PT_METADATA)
         written = 0
         for entry in plan.layout:
@@ -193,7 +195,44 @@ def convert_shard(src: str, dst: str, plan: ShardPlan, report: Any = None) -> in
             elif queue is not None:
                 queue.put(src_bytes)
         writer.close_check()
-    return plan.file_size
+    return commit
+
+
+def convert_shards(src: str, dst: str, plans: Iterable[ShardPlan], report: Any = None) -> int:
+    """Write shards one after another, each atomically; returns the bytes written.
+
+    A shard's fsync and rename run on a background thread while the next shard is converted
+    (``atomic_open_background``); at most one finished shard waits for its fsync at a time, and all of them are in
+    place when this returns, also when it raises.
+    """
+    ckpt = _checkpoint(src)
+    written = 0
+    pending: list[BackgroundCommit] = []
+    try:
+        for plan in plans:
+            pending.append(_write_shard(ckpt, dst, plan, report))
+            if len(pending) > 1:
+                pending.pop(0).wait()
+            written += plan.file_size
+    except BaseException:
+        for commit in pending:  # let every started file finish (or clean up) before reporting the first error
+            with contextlib.suppress(BaseException):
+                commit.wait()
+        raise
+    for commit in pending:
+        commit.wait()
+    return written
+
+
+def convert_shard(src: str, dst: str, plan: ShardPlan, report: Any = None) -> int:
+    """Write one output shard atomically; returns the bytes written."""
+    return convert_shards(src, dst, [plan], report)
+
+
+def _convert_queued(src: str, dst: str) -> int:
+    """Worker task: convert shards taken from the shared work queue until its end marker."""
+    work = _WORKER_STATE["work"]
+    return convert_shards(src, dst, iter(work.get, None))
 
 
 def bf16_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -263,8 +302,8 @@ def convert_fp8_to_bf16(
         log.info("%d shards already complete, %d to convert", skipped, len(todo))
     written = 0
     if workers <= 1 or len(todo) <= 1:
-        for plan in todo:
-            written += convert_shard(str(src), str(dst), plan, report=bar.add)
+        with _one_torch_thread():
+            written = convert_shards(str(src), str(dst), todo, report=bar.add)
     else:
         written = _run_parallel(str(src), str(dst), todo, workers, bar)
     _write_index_and_side_files(src, dst, plans, ckpt.config, mtp=not drop_mtp)
@@ -275,12 +314,30 @@ def convert_fp8_to_bf16(
     return result
 
 
+@contextlib.contextmanager
+def _one_torch_thread() -> Iterator[None]:
+    """Convert in this process with one intra-op thread, as a worker does: torch's default of one per core only
+    spins here (same wall time, about twice the CPU) and is many times slower when other jobs share the cores."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def _run_parallel(src: str, dst: str, todo: list[ShardPlan], workers: int, bar: Progress) -> int:
-    queue = mp_context().Queue()
+    """Each worker takes shards from one queue (biggest first, so the tail is short) and keeps converting while its
+    previous shard is fsynced; a worker's task ends when the queue does and its last shard is in place."""
+    ctx = mp_context()
+    queue, work = ctx.Queue(), ctx.Queue()
+    for plan in sorted(todo, key=lambda p: -p.input_bytes):
+        work.put(plan)
+    for _ in range(workers):
+        work.put(None)
     written = 0
-    with worker_pool(workers, _worker_init, (queue,)) as pool:
-        # biggest shards first so the tail is short
-        futures = {pool.submit(convert_shard, src, dst, p) for p in sorted(todo, key=lambda p: -p.input_bytes)}
+    with worker_pool(workers, _worker_init, (queue, work)) as pool:
+        futures = {pool.submit(_convert_queued, src, dst) for _ in range(workers)}
         while futures:
             done, futures = wait(futures, timeout=0.5, return_when=FIRST_COMPLETED)
             while not queue.empty():
