@@ -23,7 +23,7 @@ to 8.8.8.8 or by parsing ``ifconfig`` (wrong NIC, air-gapped clusters), and took
 port with no free-port check (collisions with HCCL/Ray ports).
 
 How:
-Before the stock ``__init__`` runs, ``_dp_groups_impl.setup_rollout_groups`` (1) requires verl's
+Before the stock ``__init__`` runs, ``impl.dp_groups.setup_rollout_groups`` (1) requires verl's
 ``rollout.data_parallel_size == 1`` and ``pipeline_model_parallel_size == 1``, (2) plans the layout from the
 real torch.distributed world (``rules.dp_layout.plan_dp_ep_layout``: DP = world / TP, error if not divisible or if an
 exported ``VLLM_DP_SIZE`` disagrees), (3) exports ``VLLM_DP_SIZE``/``VLLM_DP_RANK``, imports ``vllm`` then
@@ -43,8 +43,8 @@ rollout (volcengine/verl#4411) in favour of the async server rollout, which sets
 
 Remove when:
 the rollout no longer goes through verl's SPMD ``vLLMRollout`` (verl >= 0.7.0 contains volcengine/verl#4411,
-which deleted it); then delete this module, ``rules/dp_layout.py``, ``_dp_net.py``, ``_dp_groups_impl.py``, the registry
-entry and tests/patches/test_vllm_dp_ep_groups.py.
+which deleted it); then delete this module, ``rules/dp_layout.py``, ``impl/dp_net.py``, ``impl/dp_groups.py``, the
+registry entry and tests/patches/test_vllm_dp_ep_groups.py.
 
 Disable:
 R1_ASCEND_DISABLE=vllm_dp_ep_groups leaves the stock constructor alone: each TP group becomes its own vLLM
@@ -72,7 +72,7 @@ def apply(spec: PatchSpec) -> None:
 def _build_init(original: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(original)
     def __init__(self: Any, config: Any, model_config: Any, device_mesh: Any) -> None:
-        from ._dp_groups_impl import setup_rollout_groups
+        from .impl.dp_groups import setup_rollout_groups
 
         setup_rollout_groups(config)
         original(self, config, model_config, device_mesh)

@@ -2,8 +2,8 @@
 
 Target:
 verl.workers.rollout.base._ROLLOUT_REGISTRY[("vllm", "sync")] (verl 0.6.1): rebound from
-"verl.workers.rollout.vllm_rollout.vLLMRollout" to "r1_ascend.patches._rollout_vllm.NPUOffloadVLLMRollout", a subclass
-of stock verl.workers.rollout.vllm_rollout.vllm_rollout_spmd.vLLMRollout.
+"verl.workers.rollout.vllm_rollout.vLLMRollout" to "r1_ascend.patches.impl.rollout_vllm.NPUOffloadVLLMRollout", a
+subclass of stock verl.workers.rollout.vllm_rollout.vllm_rollout_spmd.vLLMRollout.
 
 Upstream:
 verl 0.6.1 with vllm 0.9.1 and vllm-ascend 0.9.1. verl's sync rollout frees memory between steps with vLLM
@@ -60,7 +60,7 @@ from ._target import disable_hint
 NAME = spec_by_module(__name__).name
 
 #: The rollout class verl instantiates once this patch is applied (imported lazily by verl's get_rollout_class).
-ROLLOUT_CLASS_PATH = "r1_ascend.patches._rollout_vllm.NPUOffloadVLLMRollout"
+ROLLOUT_CLASS_PATH = "r1_ascend.patches.impl.rollout_vllm.NPUOffloadVLLMRollout"
 #: What stock verl 0.6.1 registers for ("vllm", "sync"): the class ours subclasses.
 STOCK_ROLLOUT_CLASS_PATH = "verl.workers.rollout.vllm_rollout.vLLMRollout"
 

@@ -12,8 +12,8 @@ Layers, lowest first; a module may import its own layer and the layers below it,
    (``r1_ascend/rehearse/site/``, a CPU stand-in by design) and ``r1_ascend.testing`` itself import it.
 
 Across layers, only the public modules of ``r1_ascend.patches`` may be imported: a module whose dotted name has a
-part starting with ``_`` below ``r1_ascend.patches`` is private to the package. The one stated exception: the
-white-box tests of the overlay in ``tests/patches/`` may import its private implementation modules.
+part starting with ``_`` below ``r1_ascend.patches`` is private to the package, tests included (what a patch
+installs is public in ``r1_ascend.patches.impl``, so its tests need no private import).
 """
 
 from __future__ import annotations
@@ -58,8 +58,6 @@ TOOL_MODULES = (
 )
 #: The rehearsal's CPU site: a tool that stands in for the NPU machine, so it may use the test support.
 REHEARSAL_SITE = "r1_ascend/rehearse/site/"
-#: White-box tests of the overlay: the only code outside patches/ that may import its private modules.
-WHITE_BOX_TESTS = "tests/patches/"
 
 
 @dataclass(frozen=True)
@@ -167,11 +165,7 @@ def violations(files: dict[str, str]) -> list[str]:
                 problem = f"{layer} may not import {target} ({edge.imported})"
             elif target == TESTING and layer not in (TESTING, TESTS):
                 problem = f"production code may not import the test support ({edge.imported})"
-            elif (
-                is_private_patches_module(edge.imported)
-                and layer != PATCHES
-                and not (layer == TESTS and path.startswith(WHITE_BOX_TESTS))
-            ):
+            elif is_private_patches_module(edge.imported) and layer != PATCHES:
                 problem = f"{edge.imported} is private to r1_ascend.patches; import a public module or name"
             if problem is not None:
                 problems.append(f"{path}:{edge.line}: {problem}")
@@ -223,7 +217,7 @@ def test_allowed_imports_are_not_reported() -> None:
         "r1_ascend/launch/new.py": "from r1_ascend.patches.rules.dp_layout import rollout_dp_size\n",
         "recipe/new.py": "from r1_ascend.data import files\nfrom r1_ascend import envs\n",
         "patches/new.py": "from ._apply import apply_all\nfrom r1_ascend import envs\n",
-        "tests/patches/test_new.py": "from r1_ascend.patches import _dp_net\n",
+        "tests/patches/test_new.py": "from r1_ascend.patches.impl import dp_net\n",
         "r1_ascend/rehearse/site/sitecustomize.py": "from r1_ascend.testing import npu_stub\n",
         "r1_ascend/envs.py": "",
         "data/files.py": "",

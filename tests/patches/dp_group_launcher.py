@@ -110,7 +110,7 @@ def _run_rank(rank: int, scenario: dict[str, Any], store_port: int) -> dict[str,
         return _run_wrapper(rank, scenario)
     if scenario["mode"] == "wrapper_groups":
         return _run_wrapper_groups(rank, scenario)
-    from r1_ascend.patches._dp_groups_impl import init_dp_ep_groups
+    from r1_ascend.patches.impl.dp_groups import init_dp_ep_groups
     from r1_ascend.patches.rules.dp_layout import plan_dp_ep_layout
 
     layout = plan_dp_ep_layout(world, rank, scenario["tp"], os.environ.get("VLLM_DP_SIZE"))

@@ -67,7 +67,7 @@ def test_log_level_switch_sets_the_r1_ascend_loggers(
     try:
         _fresh_prelude(monkeypatch)
         assert package_logger.level == logging.ERROR
-        assert not logging.getLogger("r1_ascend.patches._rollout_vllm").isEnabledFor(logging.WARNING)
+        assert not logging.getLogger("r1_ascend.patches.impl.rollout_vllm").isEnabledFor(logging.WARNING)
     finally:
         package_logger.setLevel(before)
     assert applied_names() == ALL

@@ -114,7 +114,7 @@ def test_compiled_graph_reads_reallocated_parameters(device: FakeTorchair) -> No
     """Release/restore as the offloading rollout does, refill, and the compiled model computes with the new values."""
     from vllm_ascend.worker.model_runner_v1 import NPUModelRunner
 
-    from r1_ascend.patches import _rollout_memory as memory
+    from r1_ascend.patches.impl import rollout_memory as memory
 
     apply_one(SPEC)
     runner = _runner()

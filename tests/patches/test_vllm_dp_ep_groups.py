@@ -33,8 +33,8 @@ from r1_ascend.patches import (
     patched_by,
     spec_by_name,
 )
-from r1_ascend.patches._dp_groups_impl import setup_rollout_groups
-from r1_ascend.patches._dp_net import (
+from r1_ascend.patches.impl.dp_groups import setup_rollout_groups
+from r1_ascend.patches.impl.dp_net import (
     NodeIpError,
     PortSelectionError,
     discover_node_ip,

@@ -34,9 +34,9 @@ KV_SPEC = spec_by_name("vllm_engine_kv_cache_configs")
 
 @pytest.fixture
 def rollout_module() -> types.ModuleType:
-    from r1_ascend.patches import _rollout_vllm
+    from r1_ascend.patches.impl import rollout_vllm
 
-    return _rollout_vllm
+    return rollout_vllm
 
 
 @pytest.fixture
@@ -67,7 +67,7 @@ def test_applies_to_pinned_verl_and_get_rollout_class_returns_ours(rollout_modul
 
     stock = base._ROLLOUT_REGISTRY[("vllm", "sync")]
     apply_one(SPEC)
-    assert base._ROLLOUT_REGISTRY[("vllm", "sync")] == "r1_ascend.patches._rollout_vllm.NPUOffloadVLLMRollout"
+    assert base._ROLLOUT_REGISTRY[("vllm", "sync")] == "r1_ascend.patches.impl.rollout_vllm.NPUOffloadVLLMRollout"
     selected = base.get_rollout_class("vllm", "sync")
     assert selected is rollout_module.NPUOffloadVLLMRollout
     assert issubclass(selected, vLLMRollout)
@@ -455,23 +455,23 @@ def _engine_config(**vllm_kwargs: object) -> types.SimpleNamespace:
 
 def test_rollout_refuses_engine_options_vllm_ascend_rejects() -> None:
     """The rollout class re-checks the engine options on the cluster, before LLM() fails deep inside."""
-    from r1_ascend.patches._rollout_vllm import _check_engine_options_for
+    from r1_ascend.patches.impl.rollout_vllm import check_engine_options_for
     from r1_ascend.patches.rules.rollout_config import RolloutConfigError
 
     deepseek = types.SimpleNamespace(hf_config=types.SimpleNamespace(model_type="deepseek_v3", n_routed_experts=256))
     with pytest.raises(RolloutConfigError, match="ACL Graph does not support deepseek"):
-        _check_engine_options_for(_engine_config(), deepseek)
+        check_engine_options_for(_engine_config(), deepseek)
     good = _engine_config(
         enable_expert_parallel=True,
         additional_config={"refresh": True, "torchair_graph_config": {"enabled": True, "graph_batch_sizes": [64]}},
     )
     with pytest.raises(RolloutConfigError, match="frozen parameters"):
-        _check_engine_options_for(good, deepseek)  # TorchAir without vllm_ascend_torchair_live_params in this process
+        check_engine_options_for(good, deepseek)  # TorchAir without vllm_ascend_torchair_live_params in this process
     apply_one(spec_by_name("vllm_ascend_torchair_live_params"))
-    _check_engine_options_for(good, deepseek)  # world size 1 here: DP 1, nothing else required
+    check_engine_options_for(good, deepseek)  # world size 1 here: DP 1, nothing else required
     qwen = types.SimpleNamespace(hf_config=types.SimpleNamespace(model_type="qwen2"))
     with pytest.raises(RolloutConfigError, match="only supported for DeepSeek"):
-        _check_engine_options_for(good, qwen)
+        check_engine_options_for(good, qwen)
 
 
 @pytest.mark.parametrize(

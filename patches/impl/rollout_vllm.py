@@ -25,19 +25,19 @@ from verl.utils.device import is_cuda_available, is_npu_available
 from verl.utils.memory_utils import aggressive_empty_cache
 from verl.workers.rollout.vllm_rollout.vllm_rollout_spmd import vLLMRollout
 
-from . import _rollout_memory as memory
-from ._apply import applied_names
-from ._errors import RolloutMemoryError, WeightSyncError
-from ._rng import accelerator_module, preserved_rng_state
-from .rules.dp_layout import rollout_dp_size
-from .rules.rollout_config import (
+from .._apply import applied_names
+from .._errors import RolloutMemoryError, WeightSyncError
+from .._rng import accelerator_module, preserved_rng_state
+from ..rules.dp_layout import rollout_dp_size
+from ..rules.rollout_config import (
     RolloutConfigError,
     check_batched_tokens,
     check_engine_options,
     check_free_cache_engine,
     stock_length_check_would_fail,
 )
-from .vllm_engine_kv_cache_configs import check_block_counts, saved_kv_cache_configs
+from ..vllm_engine_kv_cache_configs import check_block_counts, saved_kv_cache_configs
+from . import rollout_memory as memory
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class NPUOffloadVLLMRollout(vLLMRollout):
         rollout_config = omega_conf_to_dataclass(config)
         check_free_cache_engine(rollout_config)
         check_batched_tokens(rollout_config)
-        _check_engine_options_for(rollout_config, model_config)
+        check_engine_options_for(rollout_config, model_config)
         # Stock __init__ passes enable_sleep_mode=config.free_cache_engine to LLM(); hand it a copy with sleep mode off
         # (and, when needed, past its inverted chunked-prefill check: V1 forces chunked prefill on regardless).
         overrides: dict[str, Any] = {"free_cache_engine": False}
@@ -253,7 +253,7 @@ class NPUOffloadVLLMRollout(vLLMRollout):
         return super().generate_sequences(prompts, **kwargs)
 
 
-def _check_engine_options_for(rollout_config: Any, model_config: Any) -> None:
+def check_engine_options_for(rollout_config: Any, model_config: Any) -> None:
     """Refuse engine options vllm-ascend would reject (or silently ignore) for this model and DP layout."""
     import torch.distributed as dist
 

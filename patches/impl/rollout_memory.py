@@ -1,6 +1,6 @@
 """Free and restore a vLLM rollout's device memory by hand: parameter storage, KV caches, MLA absorbed matrices.
 
-Used by ``_rollout_vllm.NPUOffloadVLLMRollout``; kept apart so each operation can be tested on plain torch modules.
+Used by ``rollout_vllm.NPUOffloadVLLMRollout``; kept apart so each operation can be tested on plain torch modules.
 The objects handled mirror vLLM 0.9.1 / vllm-ascend 0.9.1:
 
 - the model: ``NPUModelRunner.get_model()`` (an ``nn.Module``; parameters via ``named_parameters()``);

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from r1_ascend import envs
 
-from ._errors import NodeIpError, PortSelectionError
+from .._errors import NodeIpError, PortSelectionError
 
 logger = logging.getLogger(__name__)
 

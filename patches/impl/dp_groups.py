@@ -27,9 +27,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ._dp_net import discover_node_ip, pick_free_port, reserved_port_ranges
-from ._errors import DpEpConfigError, DpEpGroupError, NodeIpError, PortSelectionError
-from .rules.dp_layout import VLLM_DP_SIZE, RankGroups, check_rollout_config, plan_dp_ep_layout
+from .._errors import DpEpConfigError, DpEpGroupError, NodeIpError, PortSelectionError
+from ..rules.dp_layout import VLLM_DP_SIZE, RankGroups, check_rollout_config, plan_dp_ep_layout
+from .dp_net import discover_node_ip, pick_free_port, reserved_port_ranges
 
 logger = logging.getLogger(__name__)
 
