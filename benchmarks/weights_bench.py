@@ -269,7 +269,7 @@ def main() -> int:
             f"vs copy alone {r['size'] / deq['seconds'] / copy_rate:.2f}"
         )
         # The converter writes two bytes per FP8 input byte: a cold copy of its BF16 output (same bytes written,
-        # fsynced the same way) is what the disk allows for this output. Extra line, not the limit.
+        # fsynced the same way) is what the disk allows for this output. Extra line, not the goal's limit.
         print(
             f"{r['size'] / 1e9:.2f} GB: extra: fp8-to-bf16 / cold copy of output-sized data ({r['bf16'] / 1e9:.2f} GB "
             f"in {r['copyb']['seconds']:.2f} s): {r['copyb']['seconds'] / deq['seconds']:.2f} whole, "
