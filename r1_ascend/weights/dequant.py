@@ -224,11 +224,6 @@ def convert_shards(src: str, dst: str, plans: Iterable[ShardPlan], report: Any =
     return written
 
 
-def convert_shard(src: str, dst: str, plan: ShardPlan, report: Any = None) -> int:
-    """Write one output shard atomically; returns the bytes written."""
-    return convert_shards(src, dst, [plan], report)
-
-
 def _convert_queued(src: str, dst: str) -> int:
     """Worker task: convert shards taken from the shared work queue until its end marker."""
     work = _WORKER_STATE["work"]
