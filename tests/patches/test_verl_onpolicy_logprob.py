@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import types
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,19 +27,10 @@ from r1_ascend.patches.verl_onpolicy_logprob import (
     onpolicy_update,
     shortcut_decision,
 )
+from r1_ascend.testing.verl_config import compose_trainer as compose
 
 SPEC = spec_by_name("verl_onpolicy_logprob")
 PROMPT, RESPONSE, VOCAB = 3, 5, 11
-
-
-def compose(*overrides: str) -> DictConfig:
-    import verl
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    config_dir = Path(verl.__file__).parent / "trainer" / "config"
-    with initialize_config_dir(str(config_dir), version_base=None):
-        return hydra_compose("ppo_megatron_trainer", overrides=list(overrides))
 
 
 ON_POLICY = (

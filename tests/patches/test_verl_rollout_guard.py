@@ -27,20 +27,11 @@ from omegaconf import DictConfig, OmegaConf
 from r1_ascend.patches import apply_one, forget_applied, patched_by, restore_all, spec_by_name
 from r1_ascend.patches.rules import rollout_guard as guard
 from r1_ascend.patches.verl_onpolicy_logprob import PlaceholderLogProb
+from r1_ascend.testing.verl_config import compose_trainer as compose
 
 SPEC = spec_by_name("verl_rollout_guard")
 PROMPT, RESPONSE, VOCAB, HIDDEN = 4, 12, 64, 16
 BATCH, TEMPERATURE, STEPS = 16, 0.9, 4
-
-
-def compose(*overrides: str) -> DictConfig:
-    import verl
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    config_dir = Path(verl.__file__).parent / "trainer" / "config"
-    with initialize_config_dir(str(config_dir), version_base=None):
-        return hydra_compose("ppo_megatron_trainer", overrides=list(overrides))
 
 
 BASE = (

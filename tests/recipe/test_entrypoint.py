@@ -16,21 +16,12 @@ from omegaconf import DictConfig
 from r1_ascend.patches import PATCHES, apply_one, forget_applied, restore_all, spec_by_name
 from r1_ascend.recipe.checks import check_recipe_config
 from r1_ascend.recipe.runtime_env import EXTERNAL_MODULES, PRELUDE, add_overlay_to_config, ray_runtime_env
+from r1_ascend.testing.verl_config import compose_trainer as compose
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STUB_SITE = REPO_ROOT / "tests" / "sitecustomize_npu"
 GOOD = ("trainer.device=npu", "actor_rollout_ref.rollout.name=vllm")
 NO_SWITCHES: dict[str, str] = {}
-
-
-def compose(*overrides: str) -> DictConfig:
-    import verl
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    config_dir = Path(verl.__file__).parent / "trainer" / "config"
-    with initialize_config_dir(str(config_dir), version_base=None):
-        return hydra_compose("ppo_megatron_trainer", overrides=list(overrides))
 
 
 @pytest.fixture
