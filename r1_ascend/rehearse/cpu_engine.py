@@ -16,12 +16,15 @@ NPU:
 sampling temperature (greedy at temperature 0), stops at the tokenizer's EOS, and returns ``RequestOutput``-shaped
 objects (``outputs[i].token_ids``, ``outputs[i].logprobs`` when asked), which verl's stock ``generate_sequences``
 pads and assembles. top-p/top-k are not applied.
+
+The engine-shaped pieces (``ModelRunner``, ``Executor``, ``start_engine``) are also what the overlay's unit tests
+build their recording fakes on, so the rehearsal and the tests stand in for vLLM in one way.
 """
 
 from __future__ import annotations
 
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -33,11 +36,13 @@ BLOCK_SIZE = 16
 AVAILABLE_KV_BYTES = 256 * 1024
 
 
-def _mla_impl(kv_b_proj: torch.nn.Module) -> Any:
-    """vllm-ascend's MLA implementation object with the fields its weight post-processing reads."""
-    from vllm_ascend.attention.mla_v1 import AscendMLAImpl
+def mla_impl(kv_b_proj: torch.nn.Module, impl_class: type | None = None) -> Any:
+    """vllm-ascend's MLA implementation object (``impl_class``, default ``AscendMLAImpl``, created without its
+    ``__init__``) with the fields its weight post-processing reads."""
+    if impl_class is None:
+        from vllm_ascend.attention.mla_v1 import AscendMLAImpl as impl_class
 
-    impl = object.__new__(AscendMLAImpl)
+    impl = object.__new__(impl_class)
     impl.kv_b_proj = kv_b_proj
     impl.num_heads = tp.NUM_HEADS
     impl.kv_lora_rank = tp.KV_LORA_RANK
@@ -46,7 +51,7 @@ def _mla_impl(kv_b_proj: torch.nn.Module) -> Any:
     return impl
 
 
-class _Attention:
+class Attention:
     """``vllm.attention.Attention`` as the static forward context holds it."""
 
     def __init__(self, impl: Any) -> None:
@@ -55,7 +60,7 @@ class _Attention:
         self.attn_type = "decoder"
 
 
-def _layer_name(index: int) -> str:
+def layer_name(index: int) -> str:
     return f"model.layers.{index}.self_attn.attn"
 
 
@@ -67,13 +72,16 @@ def _unquantized(linear: torch.nn.Linear) -> torch.nn.Linear:
 
 
 class ModelRunner:
-    """vllm-ascend ``NPUModelRunner`` as the offloading rollout uses it."""
+    """vllm-ascend ``NPUModelRunner`` as the offloading rollout uses it, for any model whose decoder layers carry
+    ``self_attn.kv_b_proj`` (``impl_class``: the MLA implementation class, see ``mla_impl``)."""
 
-    def __init__(self, model: tp.TinyPolicy, dtype: torch.dtype) -> None:
+    impl_class: type | None = None
+
+    def __init__(self, model: torch.nn.Module, dtype: torch.dtype) -> None:
         self.model = model
         self.kv_caches: list[Any] = []
         context = {
-            _layer_name(i): _Attention(_mla_impl(_unquantized(layer.self_attn.kv_b_proj)))
+            layer_name(i): Attention(mla_impl(_unquantized(layer.self_attn.kv_b_proj), self.impl_class))
             for i, layer in enumerate(model.model.layers)
         }
         self.vllm_config = types.SimpleNamespace(
@@ -83,11 +91,11 @@ class ModelRunner:
         for attention in context.values():  # vLLM's loader derives the MLA matrices once at start-up
             attention.impl.process_weights_after_loading(dtype)
 
-    def get_model(self) -> tp.TinyPolicy:
+    def get_model(self) -> torch.nn.Module:
         return self.model
 
     @property
-    def forward_context(self) -> dict[str, _Attention]:
+    def forward_context(self) -> dict[str, Attention]:
         return self.vllm_config.compilation_config.static_forward_context
 
     def get_kv_cache_spec(self) -> dict[str, Any]:
@@ -124,7 +132,6 @@ class Executor:
 
     model_runner: ModelRunner
     available_memory: int = AVAILABLE_KV_BYTES
-    calls: list[str] = field(default_factory=list)
 
     @property
     def driver_worker(self) -> Any:
@@ -137,11 +144,10 @@ class Executor:
         return [self.available_memory]
 
     def initialize_from_config(self, kv_cache_configs: list[Any]) -> None:
-        self.calls.append("initialize_from_config")
-        self.model_runner.initialize_kv_cache(kv_cache_configs[0])
+        self.model_runner.initialize_kv_cache(kv_cache_configs[0])  # WorkerWrapperBase picks configs[rpc_rank=0]
 
 
-def _engine_config(max_model_len: int) -> Any:
+def engine_config(max_model_len: int) -> Any:
     """The parts of ``VllmConfig`` that ``EngineCore._initialize_kv_caches`` reads."""
     return types.SimpleNamespace(
         model_config=types.SimpleNamespace(max_model_len=max_model_len),
@@ -152,12 +158,27 @@ def _engine_config(max_model_len: int) -> Any:
     )
 
 
+def start_engine(executor: Executor, max_model_len: int) -> tuple[Any, Any]:
+    """What ``EngineCore.__init__`` does with the executor: initialise the KV caches through vLLM's real
+    ``_initialize_kv_caches``, then size the scheduler from the result. Returns the engine core and the
+    ``llm_engine`` object that ``LLM.llm_engine`` is (``engine_core.engine_core`` reaches the core)."""
+    from vllm.v1.engine.core import EngineCore
+
+    config = engine_config(max_model_len)
+    engine_core = types.SimpleNamespace(model_executor=executor, vllm_config=config)
+    num_gpu_blocks, _, _ = EngineCore._initialize_kv_caches(engine_core, config)
+    config.cache_config.num_gpu_blocks = num_gpu_blocks
+    llm_engine = types.SimpleNamespace(
+        engine_core=types.SimpleNamespace(engine_core=engine_core), model_executor=executor
+    )
+    return engine_core, llm_engine
+
+
 class CPUStandInLLM:
     """Answers ``vllm.LLM(model=..., max_model_len=..., seed=..., **engine_kwargs)`` as verl calls it."""
 
     def __init__(self, model: str, max_model_len: int = 1024, seed: int = 0, **engine_kwargs: Any) -> None:
         from transformers import AutoConfig, AutoTokenizer
-        from vllm.v1.engine.core import EngineCore
 
         self.engine_kwargs = dict(engine_kwargs)
         hf_config = AutoConfig.from_pretrained(model, trust_remote_code=False)
@@ -166,14 +187,7 @@ class CPUStandInLLM:
         self.model = tp.TinyPolicy(int(hf_config.vocab_size))
         self.runner = ModelRunner(self.model, torch.float32)
         self.executor = Executor(self.runner)
-        config = _engine_config(int(max_model_len))
-        self.engine_core = types.SimpleNamespace(model_executor=self.executor, vllm_config=config)
-        # What EngineCore.__init__ does: initialise the caches, then size the scheduler from the result.
-        num_gpu_blocks, _, _ = EngineCore._initialize_kv_caches(self.engine_core, config)
-        config.cache_config.num_gpu_blocks = num_gpu_blocks
-        self.llm_engine = types.SimpleNamespace(
-            engine_core=types.SimpleNamespace(engine_core=self.engine_core), model_executor=self.executor
-        )
+        self.engine_core, self.llm_engine = start_engine(self.executor, int(max_model_len))
         self.generator = torch.Generator().manual_seed(int(seed))
         self.prefix_cache_resets = 0
 

@@ -11,34 +11,41 @@ attribute paths as on hardware:
   ``impl`` is a real vllm-ascend ``AscendMLAImpl`` (created without ``__init__``) whose
   ``process_weights_after_loading`` is the upstream code, wrapped only to record calls.
 
-``FakeModelRunner.initialize_kv_cache`` allocates MLA caches as ``NPUModelRunner.initialize_kv_cache`` does (one
-``(nope, rope)`` pair per layer sized from the config's ``KVCacheTensor``) and binds them with vLLM's real
-``bind_kv_cache``.
+The runner, executor and engine start-up are the rehearsal's (``r1_ascend.rehearse.cpu_engine``, which allocates
+MLA caches as ``NPUModelRunner.initialize_kv_cache`` does and binds them with vLLM's real ``bind_kv_cache``); the
+classes here add what the tests record and check.
 """
 
 from __future__ import annotations
 
-import types
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from vllm.model_executor.layers.linear import UnquantizedLinearMethod
-from vllm.v1.engine.core import EngineCore
-from vllm.v1.kv_cache_interface import FullAttentionSpec
-from vllm.v1.utils import bind_kv_cache
 from vllm_ascend.attention.mla_v1 import AscendMLAImpl
 
-NUM_LAYERS = 2
-NUM_HEADS = 2
-KV_LORA_RANK = 8
-QK_NOPE_HEAD_DIM = 4
-QK_ROPE_HEAD_DIM = 2
-V_HEAD_DIM = 4
+from r1_ascend.rehearse import cpu_engine
+from r1_ascend.rehearse.tiny_policy import (
+    KV_LORA_RANK,
+    NUM_HEADS,
+    NUM_LAYERS,
+    QK_NOPE_HEAD_DIM,
+    V_HEAD_DIM,
+)
+
 HIDDEN = 16
-BLOCK_SIZE = 16
+BLOCK_SIZE = cpu_engine.BLOCK_SIZE
 DTYPE = torch.float32
+FakeAttention = cpu_engine.Attention
+layer_name = cpu_engine.layer_name
+MAX_MODEL_LEN = 64
+
+
+def vllm_config(max_model_len: int = MAX_MODEL_LEN) -> Any:
+    """The parts of ``VllmConfig`` that ``EngineCore._initialize_kv_caches`` reads."""
+    return cpu_engine.engine_config(max_model_len)
 
 
 class RecordingMLAImpl(AscendMLAImpl):
@@ -47,19 +54,8 @@ class RecordingMLAImpl(AscendMLAImpl):
     calls: list[torch.dtype]
 
     def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
-        self.calls.append(act_dtype)
+        vars(self).setdefault("calls", []).append(act_dtype)  # created without __init__ (cpu_engine.mla_impl)
         super().process_weights_after_loading(act_dtype)
-
-
-def make_mla_impl(kv_b_proj: torch.nn.Module) -> RecordingMLAImpl:
-    impl = object.__new__(RecordingMLAImpl)
-    impl.calls = []
-    impl.kv_b_proj = kv_b_proj
-    impl.num_heads = NUM_HEADS
-    impl.kv_lora_rank = KV_LORA_RANK
-    impl.qk_nope_head_dim = QK_NOPE_HEAD_DIM
-    impl.v_head_dim = V_HEAD_DIM
-    return impl
 
 
 class FakeLinear(torch.nn.Module):
@@ -100,102 +96,47 @@ class FakeForCausalLM(torch.nn.Module):
         return loaded
 
 
-class FakeAttention:
-    """``vllm.attention.Attention`` as the forward context holds it."""
+class FakeModelRunner(cpu_engine.ModelRunner):
+    """The rehearsal's runner with recording MLA impls, that keeps every KV-cache config it receives."""
 
-    def __init__(self, impl: Any) -> None:
-        self.impl = impl
-        self.kv_cache = [torch.tensor([])]
-        self.attn_type = "decoder"
+    impl_class = RecordingMLAImpl
 
-
-def layer_name(index: int) -> str:
-    return f"model.layers.{index}.self_attn.attn"
-
-
-class FakeModelRunner:
     def __init__(self, model: FakeForCausalLM) -> None:
-        self.model = model
-        self.kv_caches: list[Any] = []
+        super().__init__(model, DTYPE)
         self.received_configs: list[Any] = []
-        context = {
-            layer_name(i): FakeAttention(make_mla_impl(layer.self_attn.kv_b_proj))
-            for i, layer in enumerate(model.model.layers)
-        }
-        self.vllm_config = types.SimpleNamespace(
-            compilation_config=types.SimpleNamespace(static_forward_context=context),
-            model_config=types.SimpleNamespace(dtype=DTYPE),
-        )
-        for attention in context.values():  # the loader derives the MLA matrices once at start-up
-            attention.impl.process_weights_after_loading(DTYPE)
+        for attention in self.forward_context.values():  # forget the start-up derivation
             attention.impl.calls.clear()
-
-    def get_model(self) -> FakeForCausalLM:
-        return self.model
-
-    @property
-    def forward_context(self) -> dict[str, FakeAttention]:
-        return self.vllm_config.compilation_config.static_forward_context
-
-    def get_kv_cache_spec(self) -> dict[str, FullAttentionSpec]:
-        head_size = QK_NOPE_HEAD_DIM + QK_ROPE_HEAD_DIM
-        return {
-            name: FullAttentionSpec(
-                block_size=BLOCK_SIZE, num_kv_heads=1, head_size=head_size, dtype=DTYPE, use_mla=True
-            )
-            for name in self.forward_context
-        }
 
     def initialize_kv_cache(self, kv_cache_config: Any) -> None:
         self.received_configs.append(kv_cache_config)
         sizes = {tensor.shared_by[0]: tensor.size for tensor in kv_cache_config.kv_cache_tensors}
-        caches = {}
         for group in kv_cache_config.kv_cache_groups:
             for name in group.layer_names:
-                num_blocks = sizes[name] // group.kv_cache_spec.page_size_bytes
-                assert num_blocks >= kv_cache_config.num_blocks
-                nope = torch.zeros(num_blocks, BLOCK_SIZE, 1, QK_NOPE_HEAD_DIM, dtype=DTYPE)
-                rope = torch.zeros(num_blocks, BLOCK_SIZE, 1, QK_ROPE_HEAD_DIM, dtype=DTYPE)
-                caches[name] = (nope, rope)
-        bind_kv_cache(caches, self.forward_context, self.kv_caches)
+                assert sizes[name] // group.kv_cache_spec.page_size_bytes >= kv_cache_config.num_blocks
+        super().initialize_kv_cache(kv_cache_config)
 
 
 @dataclass
-class FakeExecutor:
-    """``Executor`` with ``external_launcher``: one in-process worker (``collective_rpc`` returns one-element lists)."""
+class FakeExecutor(cpu_engine.Executor):
+    """The rehearsal's executor, recording each call as ``(name, argument)`` and counting warm-ups."""
 
     model_runner: FakeModelRunner
     available_memory: int
     warmups: int = 0
     calls: list[tuple[str, Any]] = field(default_factory=list)
 
-    @property
-    def driver_worker(self) -> Any:
-        return types.SimpleNamespace(worker=types.SimpleNamespace(model_runner=self.model_runner))
-
     def get_kv_cache_specs(self) -> list[dict[str, Any]]:
         self.calls.append(("get_kv_cache_specs", None))
-        return [self.model_runner.get_kv_cache_spec()]
+        return super().get_kv_cache_specs()
 
     def determine_available_memory(self) -> list[int]:
         self.calls.append(("determine_available_memory", None))
-        return [self.available_memory]
+        return super().determine_available_memory()
 
     def initialize_from_config(self, kv_cache_configs: list[Any]) -> None:
         self.calls.append(("initialize_from_config", kv_cache_configs))
-        self.model_runner.initialize_kv_cache(kv_cache_configs[0])  # WorkerWrapperBase picks configs[rpc_rank=0]
+        super().initialize_from_config(kv_cache_configs)
         self.warmups += 1  # compile_or_warm_up_model
-
-
-def vllm_config(max_model_len: int = 64) -> Any:
-    """The parts of ``VllmConfig`` that ``EngineCore._initialize_kv_caches`` reads."""
-    return types.SimpleNamespace(
-        model_config=types.SimpleNamespace(max_model_len=max_model_len),
-        cache_config=types.SimpleNamespace(
-            block_size=BLOCK_SIZE, num_gpu_blocks_override=None, num_gpu_blocks=None, num_cpu_blocks=None
-        ),
-        scheduler_config=types.SimpleNamespace(disable_hybrid_kv_cache_manager=False),
-    )
 
 
 class FakeLLM:
@@ -205,14 +146,7 @@ class FakeLLM:
         self.model = FakeForCausalLM()
         self.runner = FakeModelRunner(self.model)
         self.executor = FakeExecutor(self.runner, available_memory)
-        config = vllm_config()
-        self.engine_core = types.SimpleNamespace(model_executor=self.executor, vllm_config=config)
-        # What EngineCore.__init__ does: initialise the caches, then size the scheduler from the result.
-        num_gpu_blocks, _, _ = EngineCore._initialize_kv_caches(self.engine_core, config)
-        config.cache_config.num_gpu_blocks = num_gpu_blocks
-        self.llm_engine = types.SimpleNamespace(
-            engine_core=types.SimpleNamespace(engine_core=self.engine_core), model_executor=self.executor
-        )
+        self.engine_core, self.llm_engine = cpu_engine.start_engine(self.executor, MAX_MODEL_LEN)
         self.prefix_cache_resets = 0
 
     def reset_prefix_cache(self) -> bool:
