@@ -61,7 +61,7 @@ def deepseek_v3_config(**overrides: Any) -> dict[str, Any]:
         "ep_size": 1,
         "hidden_act": "silu",
         "initializer_range": 0.02,
-        "max_position_embeddings": 4096,
+        "max_position_embeddings": 163840,  # rope_scaling factor x original_max_position_embeddings, as V3
         "moe_layer_freq": 1,
         "norm_topk_prob": True,
         "pretraining_tp": 1,

@@ -1,0 +1,564 @@
+"""megatron-core 0.12.1's DeepSeek-V3 ``GPTModel`` on the CPU: replacements for its device-only calls, nothing else.
+
+verl builds the actor with megatron-core's Transformer Engine layer spec, and megatron-core reaches the CUDA device
+at a handful of call sites (streams, ``torch.cuda.current_device()``, the CUDA RNG tracker, fused kernels). On a
+machine without CUDA or an NPU each of those fails; everything around them (MLA with yarn rope, the sigmoid
+router with expert bias and group-limited routing, the alltoall token dispatcher, grouped and shared experts,
+tensor/expert-parallel mappings over gloo, Megatron DDP, the distributed optimizer, dist checkpointing) is
+device-agnostic upstream code and runs unchanged. :data:`REPLACEMENTS` is the complete list: what is replaced,
+where (upstream ``module:line``), why, and what stands in. Every replacement checks its target before installing
+(:func:`check_targets`): a class or function that moved, changed its signature or lost the device call fails
+with the upstream location, so drift in the pinned packages fails a test instead of silently running
+something else.
+
+The Transformer Engine stand-ins keep TE's parameter names and sharded-state-dict keys (``layer_norm_weight``,
+``weight0..N`` of a grouped linear, ``experts.experts.linear_fc1.weight`` in a checkpoint), so the dist checkpoint
+the converter writes for the cluster loads here unchanged, and verl's weight export sees the cluster's names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import math
+import sys
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+#: The megatron-core and verl versions these replacements were written against (r1_ascend/stack.toml pins them).
+MEGATRON_CORE_VERSION = "0.12.1"
+VERL_VERSION = "0.6.1"
+
+
+class McoreCPUDriftError(RuntimeError):
+    """An upstream target of a CPU replacement no longer looks as expected."""
+
+
+# --- Transformer Engine stand-ins ---------------------------------------------------------------------------------
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm in fp32, cast back: TE's ``RMSNorm`` and DeepSeek-V3's reference both normalise in fp32."""
+    dtype = x.dtype
+    x32 = x.float()
+    out = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return (weight.float() * out).to(dtype)
+
+
+def _te_layer_norm_column_parallel_linear() -> type:
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear
+
+    class CPULayerNormColumnParallelLinear(ColumnParallelLinear):
+        """TE's ``TELayerNormColumnParallelLinear``: RMSNorm (``layer_norm_weight``) fused before a column-parallel
+        linear. Here the norm runs in torch, then megatron-core's own ``ColumnParallelLinear``."""
+
+        def __init__(self, input_size: int, output_size: int, *, config: Any, **kwargs: Any) -> None:
+            super().__init__(input_size, output_size, config=config, **kwargs)
+            if config.normalization != "RMSNorm":
+                msg = f"the CPU stand-in of TELayerNormColumnParallelLinear implements RMSNorm, not {config.normalization}"
+                raise NotImplementedError(msg)
+            self.eps = float(config.layernorm_epsilon)
+            self.layer_norm_weight = torch.nn.Parameter(torch.ones(input_size, dtype=config.params_dtype))
+            if config.sequence_parallel:
+                self.layer_norm_weight.sequence_parallel = True
+
+        def forward(self, input_: torch.Tensor, weight: torch.Tensor | None = None, **kwargs: Any):
+            return super().forward(_rms_norm(input_, self.layer_norm_weight, self.eps), weight, **kwargs)
+
+    return CPULayerNormColumnParallelLinear
+
+
+def _te_dot_product_attention() -> type:
+    from megatron.core.transformer.module import MegatronModule
+
+    class CPUDotProductAttention(MegatronModule):
+        """TE's ``TEDotProductAttention`` (a fused kernel): causal softmax attention per sequence in torch, for
+        MLA's different q/k and v head sizes, on ``sbhd`` batches and on packed ``thd`` sequences (cu_seqlens)."""
+
+        def __init__(
+            self,
+            config: Any,
+            layer_number: int,
+            attn_mask_type: Any,
+            attention_type: str,
+            attention_dropout: float | None = None,
+            softmax_scale: float | None = None,
+            k_channels: int | None = None,
+            v_channels: int | None = None,
+            cp_comm_type: str = "p2p",
+        ) -> None:
+            super().__init__(config=config)
+            if config.context_parallel_size != 1:
+                raise NotImplementedError("the CPU attention stand-in has no context parallelism")
+            self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(k_channels or 1)
+
+        def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            # q, k: [n, s, d_qk]; v: [n, s, d_v] -> [s, n * d_v]
+            out = F.scaled_dot_product_attention(
+                q.float(), k.float(), v.float(), is_causal=True, scale=self.softmax_scale
+            ).to(v.dtype)
+            return out.transpose(0, 1).reshape(q.shape[1], -1)
+
+        def forward(
+            self,
+            query: torch.Tensor,
+            key: torch.Tensor,
+            value: torch.Tensor,
+            attention_mask: torch.Tensor | None,
+            attn_mask_type: Any = None,
+            attention_bias: torch.Tensor | None = None,
+            packed_seq_params: Any = None,
+        ) -> torch.Tensor:
+            if attention_bias is not None:
+                raise NotImplementedError("attention bias is not used by DeepSeek-V3")
+            if packed_seq_params is not None:  # thd: [t, n, d]
+                bounds = packed_seq_params.cu_seqlens_q_padded
+                if bounds is None:
+                    bounds = packed_seq_params.cu_seqlens_q
+                bounds = [int(b) for b in bounds.tolist()]
+                parts = [
+                    self._attend(*(t[start:end].transpose(0, 1) for t in (query, key, value)))
+                    for start, end in zip(bounds[:-1], bounds[1:], strict=True)
+                ]
+                total = query.shape[0]
+                if bounds[-1] < total:  # padding after the last sequence: zeros, as TE leaves it unattended
+                    parts.append(query.new_zeros(total - bounds[-1], parts[0].shape[-1] if parts else 0))
+                return torch.cat(parts, dim=0)
+            # sbhd: [s, b, n, d] -> [s, b, n * d_v]
+            outs = [
+                self._attend(*(t[:, b].transpose(0, 1) for t in (query, key, value))) for b in range(query.shape[1])
+            ]
+            return torch.stack(outs, dim=1)
+
+    return CPUDotProductAttention
+
+
+def _te_grouped_linears() -> tuple[type, type]:
+    from megatron.core import parallel_state
+    from megatron.core.dist_checkpointing.utils import replace_prefix_for_sharding
+    from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
+    from megatron.core.transformer.module import MegatronModule
+    from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
+
+    class CPUGroupedLinear(MegatronModule):
+        """TE's ``GroupedLinear`` (a grouped GEMM kernel): one weight per local expert (``weight0..N-1``, TE's
+        names), applied to consecutive row blocks of sizes ``m_splits``. Expert tensor parallelism is 1 on our
+        layouts; anything else is refused rather than mis-sharded."""
+
+        tp_axis: int = 0
+
+        def __init__(
+            self,
+            num_gemms: int,
+            input_size: int,
+            output_size: int,
+            *,
+            config: Any,
+            init_method: Callable[[torch.Tensor], Any],
+            bias: bool,
+            skip_bias_add: bool,
+            is_expert: bool,
+            tp_comm_buffer_name: str | None = None,
+        ) -> None:
+            super().__init__(config=config)
+            if bias:
+                raise NotImplementedError("DeepSeek-V3 experts have no bias")
+            if parallel_state.get_expert_tensor_parallel_world_size() != 1:
+                raise NotImplementedError("the CPU grouped-linear stand-in supports expert tensor parallel size 1")
+            self.num_gemms = num_gemms
+            for index in range(num_gemms):
+                weight = torch.empty(output_size, input_size, dtype=config.params_dtype)
+                if config.perform_initialization:
+                    init_method(weight)
+                param = torch.nn.Parameter(weight)
+                # as TE marks them: tensor-parallel along the class's axis, expert grads reduced over expert-DP
+                set_tensor_model_parallel_attributes(param, is_parallel=True, dim=self.tp_axis, stride=1)
+                param.allreduce = not is_expert
+                setattr(self, f"weight{index}", param)
+
+        def forward(self, x: torch.Tensor, m_splits: list[int]) -> tuple[torch.Tensor, None]:
+            chunks = torch.split(x, list(m_splits))
+            outs = [chunk @ getattr(self, f"weight{i}").t() for i, chunk in enumerate(chunks)]
+            return torch.cat(outs, dim=0), None
+
+        def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: Any = None) -> dict:
+            """TE's ``_sharded_state_dict_grouped`` keys: each local weight is expert ``ep_rank * N + i`` of the
+            global expert axis, replicated over expert-data-parallel ranks."""
+            result = {}
+            ep_rank = parallel_state.get_expert_model_parallel_rank()
+            global_experts = parallel_state.get_expert_model_parallel_world_size() * self.num_gemms
+            ep_axis = len(sharded_offsets)
+            for index in range(self.num_gemms):
+                offsets = (*sharded_offsets, (ep_axis, ep_rank * self.num_gemms + index, global_experts))
+                sub = make_sharded_tensors_for_checkpoint(
+                    {f"{index}.weight": getattr(self, f"weight{index}")}, "", {f"{index}.weight": self.tp_axis}, offsets
+                )
+                replace_prefix_for_sharding(sub, f"{index}.", prefix)
+                tensor = sub[f"{index}.weight"]
+                tensor.replica_id = (*tensor.replica_id[:2], parallel_state.get_expert_data_parallel_rank())
+                result[f"{prefix}weight{index}"] = tensor
+            return result
+
+    class CPUColumnParallelGroupedLinear(CPUGroupedLinear):
+        tp_axis = 0
+
+    class CPURowParallelGroupedLinear(CPUGroupedLinear):
+        tp_axis = 1
+
+    return CPUColumnParallelGroupedLinear, CPURowParallelGroupedLinear
+
+
+def te_standins() -> dict[str, type]:
+    """TE class name -> the CPU class of the same role (megatron-core's own local class where one exists)."""
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    column_grouped, row_grouped = _te_grouped_linears()
+    return {
+        "TENorm": WrappedTorchNorm,
+        "TEColumnParallelLinear": ColumnParallelLinear,
+        "TERowParallelLinear": RowParallelLinear,
+        "TELayerNormColumnParallelLinear": _te_layer_norm_column_parallel_linear(),
+        "TEDotProductAttention": _te_dot_product_attention(),
+        "TEColumnParallelGroupedLinear": column_grouped,
+        "TERowParallelGroupedLinear": row_grouped,
+    }
+
+
+#: Modules that name TE classes in their layer specs (imported from megatron.core.extensions.transformer_engine,
+#: which defines nothing without TE installed), and the names each uses.
+TE_SPEC_MODULES: dict[str, tuple[str, ...]] = {
+    "megatron.core.models.gpt.gpt_layer_specs": (
+        "TEColumnParallelLinear",
+        "TEDotProductAttention",
+        "TELayerNormColumnParallelLinear",
+        "TENorm",
+        "TERowParallelLinear",
+    ),
+    "megatron.core.models.gpt.moe_module_specs": (
+        "TEColumnParallelGroupedLinear",
+        "TEColumnParallelLinear",
+        "TERowParallelGroupedLinear",
+        "TERowParallelLinear",
+    ),
+}
+
+
+# --- CUDA device calls --------------------------------------------------------------------------------------------
+
+
+class _NoStream:
+    """A CUDA stream on a machine with one synchronous device: waiting and recording are no-ops."""
+
+    def wait_stream(self, _other: Any) -> None:
+        return None
+
+    def synchronize(self) -> None:
+        return None
+
+    def record_event(self, *_: Any) -> None:
+        return None
+
+
+_NO_STREAM = _NoStream()
+
+
+def _cpu_cuda_namespace() -> types.SimpleNamespace:
+    """What the listed megatron-core modules call on ``torch.cuda``, answered for the CPU device."""
+    return types.SimpleNamespace(
+        current_device=lambda: torch.device("cpu"),
+        Stream=lambda *_, **__: _NO_STREAM,
+        current_stream=lambda *_: _NO_STREAM,
+        default_stream=lambda *_: _NO_STREAM,
+        stream=lambda _stream: contextlib.nullcontext(),
+        is_available=lambda: False,
+        amp=torch.cuda.amp,
+    )
+
+
+class _TorchOnCPU(types.ModuleType):
+    """``torch`` as one upstream module sees it: everything is torch, except ``torch.cuda``'s device calls."""
+
+    def __init__(self) -> None:
+        super().__init__("torch")
+        self.cuda = _cpu_cuda_namespace()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+
+#: Upstream modules whose module-level ``torch`` is given the CPU ``torch.cuda`` (module -> the calls it makes).
+CUDA_CALL_MODULES: dict[str, tuple[str, ...]] = {
+    "megatron.core.models.common.embeddings.rotary_pos_embedding": ("torch.cuda.current_device()",),
+    "megatron.core.models.common.embeddings.yarn_rotary_pos_embedding": ("torch.cuda.current_device()",),
+    "megatron.core.transformer.moe.token_dispatcher": ("torch.cuda.Stream()",),
+    "megatron.core.transformer.moe.shared_experts": ("torch.cuda.Stream()",),
+    "megatron.core.transformer.moe.router": ("torch.cuda.current_device()",),
+    "megatron.core.tensor_parallel.mappings": ("torch.cuda.current_device()",),
+    "megatron.core.tensor_parallel.layers": ("torch.cuda.current_device()",),
+    "megatron.core.utils": ("torch.cuda.current_device()",),
+    "megatron.core.distributed.param_and_grad_buffer": ("torch.cuda.current_device()",),
+    "megatron.core.optimizer.distrib_optimizer": ("torch.cuda.current_device()",),
+    "megatron.core.optimizer.optimizer": ("torch.cuda.current_device()",),
+}
+
+
+# --- the list, and its checks -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """One device-only call and what stands in for it."""
+
+    what: str
+    where: str  # upstream module:line (megatron-core 0.12.1 / verl 0.6.1)
+    why: str
+    stand_in: str
+
+
+REPLACEMENTS: tuple[Replacement, ...] = (
+    Replacement(
+        "Transformer Engine layer classes",
+        "megatron/core/models/gpt/gpt_layer_specs.py:39, moe_module_specs.py:15 (verl builds the TE spec: "
+        "verl/models/mcore/model_initializer.py:174)",
+        "TE is a CUDA library; without it those names are undefined and verl's spec cannot be built",
+        "megatron-core's local ColumnParallelLinear/RowParallelLinear/WrappedTorchNorm; RMSNorm+ColumnParallelLinear "
+        "with TE's layer_norm_weight; torch causal attention over cu_seqlens; a grouped linear with TE's weight0..N "
+        "and checkpoint keys",
+    ),
+    Replacement(
+        "torch.cuda.current_device()",
+        "megatron/core/models/common/embeddings/rotary_pos_embedding.py:155,262, yarn_rotary_pos_embedding.py:103,107, "
+        "transformer/moe/router.py:64, tensor_parallel/mappings.py:142, tensor_parallel/layers.py:499, utils.py:394, "
+        "distributed/param_and_grad_buffer.py:625, optimizer/distrib_optimizer.py:718, optimizer/optimizer.py:1003",
+        "buffers and moved tensors are placed on the CUDA device",
+        "the CPU device, through a module-local torch whose torch.cuda answers for the CPU",
+    ),
+    Replacement(
+        "torch.cuda.Stream()",
+        "megatron/core/transformer/moe/token_dispatcher.py:327, transformer/moe/shared_experts.py:84",
+        "side streams overlap the alltoall's device-to-host copy and the shared experts with the routed ones",
+        "a stream object whose waits are no-ops (the CPU runs one stream)",
+    ),
+    Replacement(
+        "tensor.is_cuda in maybe_move_tensor_to_cpu",
+        "megatron/core/transformer/moe/moe_utils.py:754",
+        "the alltoall dispatcher takes its split sizes to the host only for CUDA tensors, else keeps a tensor",
+        "CPU tensors take the same path (they are on the host already)",
+    ),
+    Replacement(
+        "CUDA RNG tracker",
+        "megatron/core/tensor_parallel/random.py:183 (get_cuda_rng_tracker), :221 (model_parallel_cuda_manual_seed)",
+        "per-parallel-region CUDA generator states; verl seeds them and saves them in checkpoints",
+        "the same tracker class over CPU generator states (torch.random.get/set_rng_state)",
+    ),
+    Replacement(
+        "model.to('cpu:cpu')",
+        "verl/utils/megatron_utils.py:128",
+        "verl moves each chunk to f'{device}:{device_id}', which is not a device name on the CPU",
+        "make_megatron_module passes its TransformerConfig to get_model, whose use_cpu_initialization branch then "
+        "skips the move (the model is built on the CPU already)",
+    ),
+    Replacement(
+        "import transformer_engine",
+        "verl/utils/checkpoint/megatron_checkpoint_manager.py:300",
+        "verl registers TE's FusedAdam as a safe global before every checkpoint load",
+        "a module stand-in providing that one name",
+    ),
+)
+
+
+def _source(module: str) -> str:
+    return inspect.getsource(sys.modules[module] if module in sys.modules else __import__(module, fromlist=["_"]))
+
+
+def check_targets() -> list[str]:
+    """What no longer matches upstream (empty when every target is as the replacements expect)."""
+    import importlib
+
+    problems = []
+    for module_name, names in TE_SPEC_MODULES.items():
+        source = _source(module_name)
+        for name in names:
+            if name not in source:
+                problems.append(f"{module_name} no longer names {name}")
+    for module_name, calls in CUDA_CALL_MODULES.items():
+        source = _source(module_name)
+        for call in calls:
+            if call not in source:
+                problems.append(f"{module_name} no longer calls {call}")
+    moe_utils = importlib.import_module("megatron.core.transformer.moe.moe_utils")
+    if "tensor.is_cuda" not in inspect.getsource(moe_utils.maybe_move_tensor_to_cpu):
+        problems.append("moe_utils.maybe_move_tensor_to_cpu no longer tests tensor.is_cuda")
+    random_mod = importlib.import_module("megatron.core.tensor_parallel.random")
+    tracker_params = list(inspect.signature(random_mod.CudaRNGStatesTracker.add).parameters)
+    if tracker_params != ["self", "name", "seed"]:
+        problems.append(f"CudaRNGStatesTracker.add(self, name, seed) changed to {tracker_params}")
+    megatron_utils = importlib.import_module("verl.utils.megatron_utils")
+    if 'model_module.to(f"{get_device_name()}:{get_device_id()}")' not in inspect.getsource(megatron_utils.get_model):
+        problems.append("verl.utils.megatron_utils.get_model no longer moves chunks to device:id")
+    manager = importlib.import_module("verl.utils.checkpoint.megatron_checkpoint_manager")
+    if "transformer_engine.pytorch.optimizers.fused_adam.FusedAdam" not in _source(manager.__name__):
+        problems.append("MegatronCheckpointManager no longer registers transformer_engine's FusedAdam")
+    return problems
+
+
+# --- install ------------------------------------------------------------------------------------------------------
+
+
+def _maybe_move_tensor_to_cpu(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -> Any:
+    """``moe_utils.maybe_move_tensor_to_cpu`` for host tensors: what the CUDA branch returns."""
+    if torch.is_tensor(tensor):
+        tensor = tensor.to("cpu", non_blocking=True)
+        if as_numpy:
+            tensor = tensor.numpy()
+    return tensor
+
+
+class _CPURNGStatesTracker:
+    """``CudaRNGStatesTracker`` over CPU generator states: forked regions draw from their own seeded stream."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def is_initialized(self) -> bool:
+        return self._is_initialized
+
+    def reset(self) -> None:
+        self._is_initialized = False
+        self.states_: dict[str, torch.Tensor] = {}
+        self.seeds_: set[int] = set()
+
+    def get_states(self) -> dict[str, torch.Tensor]:
+        return {name: state.clone() for name, state in self.states_.items()}
+
+    def set_states(self, states: dict[str, torch.Tensor]) -> None:
+        self._is_initialized = True
+        self.states_ = {name: state.clone() for name, state in states.items()}
+
+    def add(self, name: str, seed: int) -> None:
+        self._is_initialized = True
+        if seed in self.seeds_:
+            raise ValueError(f"seed {seed} already exists")
+        if name in self.states_:
+            raise ValueError(f"cuda rng state {name} already exists")
+        self.seeds_.add(seed)
+        saved = torch.random.get_rng_state()
+        torch.manual_seed(seed)
+        self.states_[name] = torch.random.get_rng_state()
+        torch.random.set_rng_state(saved)
+
+    @contextlib.contextmanager
+    def fork(self, name: str = "model-parallel-rng"):
+        if name not in self.states_:
+            raise KeyError(f"cuda rng state {name} is not added")
+        saved = torch.random.get_rng_state()
+        torch.random.set_rng_state(self.states_[name])
+        try:
+            yield
+        finally:
+            self.states_[name] = torch.random.get_rng_state()
+            torch.random.set_rng_state(saved)
+
+
+def _install_rng_tracker() -> None:
+    import megatron.core.tensor_parallel.random as tp_random
+
+    tracker = _CPURNGStatesTracker()
+    tp_random._CUDA_RNG_STATE_TRACKER = tracker
+    tp_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    tp_random.get_cuda_rng_tracker = lambda *_, **__: tracker
+
+
+def _install_transformer_engine_module() -> None:
+    """The one name verl's checkpoint manager reads off ``transformer_engine`` (a safe global for torch.load)."""
+    if "transformer_engine" in sys.modules:
+        return
+
+    class FusedAdam:  # never instantiated: only registered with torch.serialization
+        pass
+
+    te = types.ModuleType("transformer_engine")
+    te.__r1_ascend_cpu_standin__ = True
+    te.pytorch = types.SimpleNamespace(
+        optimizers=types.SimpleNamespace(fused_adam=types.SimpleNamespace(FusedAdam=FusedAdam))
+    )
+    sys.modules["transformer_engine"] = te
+
+
+def _install_cpu_model_placement() -> None:
+    """verl's ``make_megatron_module`` calls ``get_model`` without its ``transformer_config``, so ``get_model`` moves
+    every chunk to ``f"{device}:{device_id}"`` ('cpu:cpu'); given the config, its own CPU-initialisation branch
+    keeps the chunks where they were built."""
+    import functools
+
+    import verl.utils.megatron_utils as megatron_utils
+
+    make = megatron_utils.make_megatron_module
+    if getattr(make, "__r1_ascend_cpu__", False):
+        return
+    get_model = megatron_utils.get_model
+
+    @functools.wraps(make)
+    def make_megatron_module(wrap_config: Any, tf_config: Any, *args: Any, **kwargs: Any) -> Any:
+        megatron_utils.get_model = functools.partial(get_model, transformer_config=tf_config)
+        try:
+            return make(wrap_config, tf_config, *args, **kwargs)
+        finally:
+            megatron_utils.get_model = get_model
+
+    make_megatron_module.__r1_ascend_cpu__ = True
+    megatron_utils.make_megatron_module = make_megatron_module
+
+
+_INSTALLED = False
+
+
+def install() -> None:
+    """Install every replacement of :data:`REPLACEMENTS` in this process (idempotent); refuses on drift."""
+    global _INSTALLED
+    if _INSTALLED:
+        return
+    problems = check_targets()
+    if problems:
+        raise McoreCPUDriftError(
+            f"megatron-core {MEGATRON_CORE_VERSION} / verl {VERL_VERSION} CPU replacements no longer match upstream: "
+            + "; ".join(problems)
+        )
+    import importlib
+
+    standins = te_standins()
+    for module_name, names in TE_SPEC_MODULES.items():
+        module = importlib.import_module(module_name)
+        for name in names:
+            setattr(module, name, standins[name])
+    cpu_torch = _TorchOnCPU()
+    for module_name in CUDA_CALL_MODULES:
+        importlib.import_module(module_name).torch = cpu_torch
+    moe_utils = importlib.import_module("megatron.core.transformer.moe.moe_utils")
+    moe_utils.maybe_move_tensor_to_cpu = _maybe_move_tensor_to_cpu
+    token_dispatcher = importlib.import_module("megatron.core.transformer.moe.token_dispatcher")
+    if hasattr(token_dispatcher, "maybe_move_tensor_to_cpu"):
+        token_dispatcher.maybe_move_tensor_to_cpu = _maybe_move_tensor_to_cpu
+    _install_rng_tracker()
+    _install_transformer_engine_module()
+    _install_cpu_model_placement()
+    _INSTALLED = True
+
+
+#: TransformerConfig overrides a CPU actor needs (verl passes ``override_transformer_config`` through): build on the
+#: CPU (verl's converter sets use_cpu_initialization False), and no fused CUDA kernels.
+CPU_TRANSFORMER_OVERRIDES: dict[str, Any] = {
+    "use_cpu_initialization": True,
+    "masked_softmax_fusion": False,
+    "persist_layer_norm": False,
+    "bias_activation_fusion": False,
+    "bias_dropout_fusion": False,
+    "apply_rope_fusion": False,
+    "gradient_accumulation_fusion": False,
+}
