@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import itertools
 import math
 import sys
 import types
@@ -60,7 +61,7 @@ def _te_layer_norm_column_parallel_linear() -> type:
         def __init__(self, input_size: int, output_size: int, *, config: Any, **kwargs: Any) -> None:
             super().__init__(input_size, output_size, config=config, **kwargs)
             if config.normalization != "RMSNorm":
-                msg = f"the CPU stand-in of TELayerNormColumnParallelLinear implements RMSNorm, not {config.normalization}"
+                msg = f"the CPU TELayerNormColumnParallelLinear implements RMSNorm, not {config.normalization}"
                 raise NotImplementedError(msg)
             self.eps = float(config.layernorm_epsilon)
             self.layer_norm_weight = torch.nn.Parameter(torch.ones(input_size, dtype=config.params_dtype))
@@ -123,7 +124,7 @@ def _te_dot_product_attention() -> type:
                 bounds = [int(b) for b in bounds.tolist()]
                 parts = [
                     self._attend(*(t[start:end].transpose(0, 1) for t in (query, key, value)))
-                    for start, end in zip(bounds[:-1], bounds[1:], strict=True)
+                    for start, end in itertools.pairwise(bounds)
                 ]
                 total = query.shape[0]
                 if bounds[-1] < total:  # padding after the last sequence: zeros, as TE leaves it unattended
