@@ -161,10 +161,11 @@ def megatron_mismatch(hf_config: Any) -> str | None:
     return None
 
 
-def routing_problem(hf_config: Any, overrides: Mapping[str, Any], *, patched: bool, where: str) -> str | None:
-    """Why the Megatron actor of this DeepSeek-V3 model routes differently from the rollout engine, or None.
-
-    ``where`` names the ``override_transformer_config`` in the run config (for the message).
+def routing_problem(
+    hf_config: Any, overrides: Mapping[str, Any], *, patched: bool, where: str, role: str = "actor"
+) -> str | None:
+    """Why the Megatron ``role`` (actor, ref) of this DeepSeek-V3 model routes differently from the rollout engine,
+    or None. ``where`` names its ``override_transformer_config`` in the run config (for the message).
     """
     try:
         actor = actor_routing(hf_config, overrides, patched=patched)
@@ -173,11 +174,11 @@ def routing_problem(hf_config: Any, overrides: Mapping[str, Any], *, patched: bo
     rollout = rollout_routing(hf_config)
     if actor != rollout:  # only without the patch: with it, the overrides either agree or raised above
         return (
-            f"the Megatron actor routes {actor.describe()} (patch {PATCH} is disabled, and {where} does not set "
-            f"both to the model's values), but the rollout engine routes {rollout.describe()} (config.json "
-            f"n_group={rollout.num_groups}, topk_group={rollout.group_topk}): {CONSEQUENCE}. Fix: enable the patch "
-            f"(remove {PATCH} from R1_ASCEND_DISABLE, unset R1_ASCEND_DISABLE_ALL) or set {NUM_GROUPS}: "
-            f"{rollout.num_groups} and {GROUP_TOPK}: {rollout.group_topk} in {where}"
+            f"the Megatron {role} routes {actor.describe()}, the rollout engine {rollout.describe()} (config.json "
+            f"n_group={rollout.num_groups}, topk_group={rollout.group_topk}): {CONSEQUENCE}. Patch {PATCH} is "
+            f"disabled and {where} does not set both to the model's values. Fix: enable the patch (remove {PATCH} "
+            f"from R1_ASCEND_DISABLE, unset R1_ASCEND_DISABLE_ALL) or set {NUM_GROUPS}: {rollout.num_groups} and "
+            f"{GROUP_TOPK}: {rollout.group_topk} in {where}"
         )
     mismatch = megatron_mismatch(hf_config)
     return None if mismatch is None else f"{mismatch}: {CONSEQUENCE}. No setting fixes this at megatron-core 0.12.1"
