@@ -24,6 +24,7 @@ from ._apply import (
 from ._errors import (
     DpEpConfigError,
     DpEpGroupError,
+    GroupRoutingConfigError,
     KVCacheConfigError,
     NodeIpError,
     PatchConfigError,
@@ -47,6 +48,7 @@ __all__ = [
     "PROCESSES",
     "DpEpConfigError",
     "DpEpGroupError",
+    "GroupRoutingConfigError",
     "KVCacheConfigError",
     "NodeIpError",
     "PatchConfigError",

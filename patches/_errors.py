@@ -77,3 +77,10 @@ class RolloutGuardConfigError(PatchError, ValueError):
 
 class RolloutActorMismatchError(PatchError):
     """The rollout's log-probs disagree with the actor's by more than healthy bf16 runs ever do."""
+
+
+# --- verl_dpskv3_group_routing ------------------------------------------------------------------------------------
+
+
+class GroupRoutingConfigError(PatchError, ValueError):
+    """The Megatron actor's MoE group routing would differ from the rollout engine's (DeepSeek-V3)."""

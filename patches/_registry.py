@@ -8,7 +8,8 @@ Order matters and is deliberate:
 4. ``vllm_rollout_offload`` swaps verl's sync vLLM rollout for ours, which relies on 1, 2 and 3;
 5. ``mindspeed_torch_compile`` wraps the worker method that builds that rollout;
 6. ``verl_onpolicy_logprob`` changes the actor update and depends on nothing above;
-7. ``verl_rollout_guard`` wraps the trainer's loop last, so it sees the worker group after 6 changed it.
+7. ``verl_rollout_guard`` wraps the trainer's loop last, so it sees the worker group after 6 changed it;
+8. ``verl_dpskv3_group_routing`` changes how verl builds the Megatron model config and depends on nothing above.
 """
 
 from __future__ import annotations
@@ -146,6 +147,20 @@ PATCHES: tuple[PatchSpec, ...] = (
         ),
         requires=MappingProxyType({"verl": "0.6.1", "vllm": "0.9.1"}),
         processes=("driver", "worker"),
+    ),
+    PatchSpec(
+        name="verl_dpskv3_group_routing",
+        targets=(
+            Target(
+                "verl.models.mcore.registry",
+                "hf_to_mcore_config",
+                "verl",
+                params=("hf_config", "dtype", "override_transformer_config_kwargs"),
+                aliases=("verl.models.mcore:hf_to_mcore_config",),
+            ),
+        ),
+        requires=MappingProxyType({"verl": "0.6.1", "megatron-core": "0.12.1"}),
+        processes=("worker",),
     ),
 )
 

@@ -8,5 +8,7 @@ checks import the same functions, so each rule has exactly one definition:
   (``vllm_dp_ep_groups``);
 - ``rollout_config``: rollout engine options the offloading rollout and vllm-ascend 0.9.1 accept
   (``vllm_rollout_offload``, ``vllm_ascend_torchair_live_params``);
-- ``rollout_guard``: the guard's settings, statistic and stop rule (``verl_rollout_guard``).
+- ``rollout_guard``: the guard's settings, statistic and stop rule (``verl_rollout_guard``);
+- ``group_routing``: the Megatron actor's DeepSeek-V3 group-limited routing against the rollout's
+  (``verl_dpskv3_group_routing``).
 """

@@ -169,7 +169,7 @@ def load_model_info(model_dir: str | Path) -> ModelInfo:
 
 #: The models the shipped run configurations are for, with the config.json values the layout checks need, so the
 #: preflight can check them before MODEL_PATH exists (values from the models' published config.json). The smoke
-#: model's attention dimensions depend on ``quickstart --model-dims``, so only its expert count is listed.
+#: model's attention dimensions depend on ``quickstart --model-dims``, so only its expert structure is listed.
 KNOWN_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     "grpo_deepseekv3_671b": (
         "DeepSeek-V3",
@@ -179,11 +179,21 @@ KNOWN_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
             "num_key_value_heads": 128,
             "kv_lora_rank": 512,
             "n_routed_experts": 256,
+            "architectures": ["DeepseekV3ForCausalLM"],
+            "num_experts_per_tok": 8,
+            "n_group": 8,
+            "topk_group": 4,
         },
     ),
     "grpo_deepseekv3_smoke": (
         "DeepSeek-V3 smoke model",
-        {k: SMOKE_STRUCTURE[k] for k in ("num_hidden_layers", "n_routed_experts")},
+        {
+            "architectures": ["DeepseekV3ForCausalLM"],
+            **{
+                k: SMOKE_STRUCTURE[k]
+                for k in ("num_hidden_layers", "n_routed_experts", "num_experts_per_tok", "n_group", "topk_group")
+            },
+        },
     ),
     "grpo_qwen25_7b": (
         "Qwen2.5-7B",

@@ -46,10 +46,11 @@ def run_checks(
         config_name=config_name,
     )
     prepare(run)
+    from r1_ascend.launch.group_routing import ROUTING_CHECKS
     from r1_ascend.launch.upstream_checks import UPSTREAM_CHECKS
 
     findings: list[Finding] = []
-    for check in (*CHECKS, *UPSTREAM_CHECKS):
+    for check in (*CHECKS, *ROUTING_CHECKS, *UPSTREAM_CHECKS):
         findings.extend(check(run))
     return run, findings
 
