@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "prepare-data": ("r1_ascend.data.cli", "deepscaler JSON -> verl parquet with the R1 template"),
     "convert-weights": ("r1_ascend.weights.cli", "FP8->BF16, config fix and HF->Megatron conversion"),
     "preflight": ("r1_ascend.launch.preflight", "check a run configuration before taking the cluster"),
+    "check-model": ("r1_ascend.weights.model_check", "the Megatron actor from the dist checkpoint vs transformers"),
     "report": ("r1_ascend.report.cli", "timing table, curves and run comparison from verl logs"),
     "rehearse": ("r1_ascend.rehearse.run", "the whole run on one CPU machine: Ray nodes, verl loop, kill, resume"),
 }

@@ -10,7 +10,9 @@ a logit gap long before it shows up in a reward curve.
 Without ``--dist-ckpt`` the Megatron model starts from its own initialisation and its weights reach transformers
 through verl's ``per_tensor_generator`` (the actor -> rollout weight export), so the check covers the export
 instead of the converter. One process, TP = EP = PP = 1: for models that fit one device (the smoke model), or on
-the CPU with ``--cpu`` (megatron-core's device-only calls replaced, r1_ascend.rehearse.mcore_cpu).
+the CPU with ``--cpu`` (megatron-core's device-only calls replaced, r1_ascend.rehearse.mcore_cpu). The overlay is
+applied first, as in every process of a run, so the actor gets the run's config conversion; its switches
+(``R1_ASCEND_DISABLE``) apply here too.
 
 Exit status: 0 when the gaps are within the tolerances of the dtype, 1 otherwise, 2 on bad input.
 """
@@ -161,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=4)
     parser.add_argument("--length", type=int, default=48)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, help="also write the measured gap to this file")
     args = parser.parse_args(argv)
     if not (args.hf_dir / "config.json").is_file():
         print(
@@ -170,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.dist_ckpt is not None and not (args.dist_ckpt / "metadata.json").is_file():
         print(f"error: {args.dist_ckpt} is not a Megatron dist checkpoint (no metadata.json)", file=sys.stderr)
         return 2
+    from r1_ascend.patches.prelude import apply_once
+
+    apply_once()  # the overlay as the run has it (its switches apply): the actor's config conversion is patched
     overrides: dict[str, Any] = {}
     if args.cpu:
         from r1_ascend.rehearse import mcore_cpu
@@ -179,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     init_single_rank("gloo" if args.cpu else "hccl")
     result = compare(args.hf_dir, args.dist_ckpt, args.dtype, args.rows, args.length, args.seed, overrides)
     print(json.dumps(asdict(result), indent=2))
+    if args.json is not None:
+        args.json.write_text(json.dumps(asdict(result)) + "\n", encoding="utf-8")
     max_logit, mean_lp = TOLERANCES[args.dtype]
     if result.within():
         print(
