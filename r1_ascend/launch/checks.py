@@ -595,10 +595,6 @@ def check_trainer(run: Run) -> Iterator[Finding]:
     reward = cfg.custom_reward_function.path
     if reward and not Path(str(reward)).expanduser().is_file():
         problems.append(f"custom_reward_function.path {reward} does not exist (relative paths: from the repo root)")
-    if int(trainer.save_freq) <= 0:
-        warnings.append("trainer.save_freq <= 0: no checkpoints, a failure loses the run")
-    if trainer.resume_mode != "auto":
-        warnings.append(f"trainer.resume_mode={trainer.resume_mode}: a restarted job will not resume by itself")
     if "wandb" in list(trainer.logger):
         warnings.append("trainer.logger includes wandb, which needs network access; offline use console,tensorboard")
     for problem in problems:

@@ -4,7 +4,8 @@ Composes the chosen overlay with Hydra (plus ``key=value`` overrides, exactly as
 checks cluster size, parallel layouts, batch divisibility, rollout engine settings, model config, data schema,
 checkpoint, patches and a per-die memory estimate, then runs the stack's own validation on the result: verl's
 ``validate_config``, dataclass conversions and reward loader, vLLM's argument checks, Megatron's head rules.
-Prints the plan and one line per check (ok, warn, FAIL, or skip with the reason); exits 1 on any error. Imports no
+Prints the plan and one line per check (ok, warn, FAIL, or skip with the reason); exits 1 on any error, and with
+``--strict`` on any warning (a run that would go on but learn nothing, waste compute or hit a known bug). Imports no
 torch, verl or vLLM (their config code is loaded from source), so it answers in seconds on a login node.
 """
 
@@ -47,10 +48,11 @@ def run_checks(
     )
     prepare(run)
     from r1_ascend.launch.group_routing import ROUTING_CHECKS
+    from r1_ascend.launch.pitfalls import check_pitfalls
     from r1_ascend.launch.upstream_checks import UPSTREAM_CHECKS
 
     findings: list[Finding] = []
-    for check in (*CHECKS, *ROUTING_CHECKS, *UPSTREAM_CHECKS):
+    for check in (*CHECKS, *ROUTING_CHECKS, *UPSTREAM_CHECKS, check_pitfalls):
         findings.extend(check(run))
     return run, findings
 
@@ -132,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
         help=f"device memory of one NPU die in GB (default {A3_DIE_MEMORY_GB:g}, Atlas 800T A3)",
     )
     parser.add_argument("--skip-patches", action="store_true", help="do not check the patch targets (no stack here)")
+    parser.add_argument(
+        "--strict", action="store_true", help="fail on warnings too (a run that would go on but waste the cluster)"
+    )
     parser.add_argument("--list", action="store_true", help="list the run configurations and exit")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. trainer.nnodes=2 (as for the recipe)")
     args = parser.parse_args(argv)
@@ -153,8 +158,18 @@ def main(argv: list[str] | None = None) -> int:
     errors = [f for f in findings if f.level == ERROR]
     warnings = [f for f in findings if f.level == WARNING]
     elapsed = time.monotonic() - start
-    if errors:
-        print(f"preflight: {len(errors)} error(s), {len(warnings)} warning(s) in {elapsed:.1f} s", file=sys.stderr)
+    if errors or (args.strict and warnings):
+        strict = " (--strict: warnings fail)" if args.strict and warnings else ""
+        print(
+            f"preflight: {len(errors)} error(s), {len(warnings)} warning(s){strict} in {elapsed:.1f} s", file=sys.stderr
+        )
         return 1
-    print(f"preflight: passed ({len(warnings)} warning(s)) in {elapsed:.1f} s")
+    if warnings:
+        names = ", ".join(dict.fromkeys(f.check for f in warnings))
+        print(
+            f"preflight: passed with {len(warnings)} warning(s) ({names}) in {elapsed:.1f} s; the run would go on "
+            "with them (--strict fails on them)"
+        )
+        return 0
+    print(f"preflight: passed (0 warnings) in {elapsed:.1f} s")
     return 0

@@ -260,7 +260,8 @@ def convert_fp8_to_bf16(
 ) -> ConversionResult:
     """Dequantise every FP8 weight of ``src`` into ``dst`` (see module docstring for the guarantees)."""
     start = time.monotonic()
-    src, dst = Path(src).resolve(), Path(dst).resolve()
+    given_src, given_dst = Path(src), Path(dst)
+    src, dst = given_src.resolve(), given_dst.resolve()
     if src == dst:
         msg = "source and output directories are the same; the converter never modifies its input"
         raise CheckpointFormatError(msg)
@@ -284,7 +285,7 @@ def convert_fp8_to_bf16(
         "source_index_sha256": fingerprint(src / INDEX_NAME) if (src / INDEX_NAME).exists() else None,
         "drop_mtp": drop_mtp,
     }
-    resuming = prepare_output(dst, MANIFEST, manifest, overwrite=overwrite, source=src)
+    resuming = prepare_output(dst, MANIFEST, manifest, overwrite=overwrite, source=given_src, shown_out=given_dst)
     if resuming:
         removed = remove_stale_temps(dst)
         log.info("resuming into %s (%d stale temp files removed)", dst, removed)

@@ -265,7 +265,8 @@ def convert_hf_to_megatron(
     """HF (BF16, or FP8 dequantised on the fly) -> Megatron-core torch_dist checkpoint directory."""
     start = time.monotonic()
     layout = layout or Layout()
-    src, dst = Path(src).resolve(), Path(dst).resolve()
+    given_src, given_dst = Path(src), Path(dst)
+    src, dst = given_src.resolve(), given_dst.resolve()
     ckpt = HFCheckpoint(src)
     plan = build_plan(ckpt.config, layout, extra_state=extra_state)
     check_plan_against_source(plan, ckpt)
@@ -276,7 +277,9 @@ def convert_hf_to_megatron(
         num_layers=int(ckpt.config["num_hidden_layers"]),
         extra_state=extra_state,
     )
-    resuming = prepare_output(dst, MEGATRON_MANIFEST, manifest.to_json(), overwrite=overwrite, source=src)
+    resuming = prepare_output(
+        dst, MEGATRON_MANIFEST, manifest.to_json(), overwrite=overwrite, source=given_src, shown_out=given_dst
+    )
     total_bytes = sum(t.numel * torch.empty((), dtype=t.dtype).element_size() for t in plan.tensors)
     if resuming:
         if (dst / "metadata.json").exists() and (dst / ".metadata").exists():

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from r1_ascend.atomic import atomic_write_json
+from r1_ascend.weights.ckpt_root import refuse_nested
 from r1_ascend.weights.errors import OutputExistsError, OutputNotWritableError
 
 
@@ -23,28 +24,23 @@ def fingerprint(path: Path) -> str:
 
 
 def prepare_output(
-    out: Path, manifest_name: str, manifest: dict[str, Any], *, overwrite: bool, source: Path | None = None
+    out: Path,
+    manifest_name: str,
+    manifest: dict[str, Any],
+    *,
+    overwrite: bool,
+    source: Path | None = None,
+    root: Path | None = None,
+    shown_out: Path | None = None,
 ) -> bool:
     """Make ``out`` ready; returns True when resuming an earlier run with the same manifest.
 
-    ``source`` (the input checkpoint) must not be ``out`` or lie inside it: ``overwrite`` would delete it.
+    ``source`` (the input checkpoint as the user gave it; ``root`` its whole checkpoint when that is larger) must not
+    be ``out``, lie inside it or contain it: ``overwrite`` would delete it. ``shown_out`` is ``out`` as given.
     """
     manifest_path = out / manifest_name
     if source is not None:
-        src, dst = source.resolve(), out.resolve()
-        if src == dst or dst in src.parents:
-            msg = (
-                f"output {out} contains the source checkpoint {source}; the converter never writes over or deletes "
-                "its input. Choose an output directory outside the source."
-            )
-            raise OutputExistsError(msg)
-        if src in dst.parents:
-            msg = (
-                f"output {out} lies inside the source checkpoint {source}; its shards would be mixed with the "
-                "source's files (and a later run would read them as part of the input). Choose an output directory "
-                "outside the source."
-            )
-            raise OutputExistsError(msg)
+        refuse_nested(source, shown_out if shown_out is not None else out, root)
     try:
         return _prepare(out, manifest_path, manifest, overwrite=overwrite)
     except OSError as exc:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ import torch
 
 from r1_ascend.atomic import atomic_open, atomic_write_json, remove_stale_temps
 from r1_ascend.parallel import Layout
+from r1_ascend.weights.ckpt_root import CheckpointRoot, find_root
 from r1_ascend.weights.dcp_regions import read_regions
 from r1_ascend.weights.dequant import ShardPlan, check_output_inventory, shard_is_complete
 from r1_ascend.weights.errors import CheckpointFormatError
@@ -41,27 +42,19 @@ DEFAULT_SHARD_BYTES = 2_000_000_000
 _NEVER_COPIED = {INDEX_NAME}
 
 
-@dataclass(frozen=True)
-class Sources:
-    """Where a verl training checkpoint keeps its parts."""
-
-    dist_ckpt: Path
-    hf_dir: Path
-
-
-def locate(path: Path, hf_dir: Path | None = None) -> Sources:
-    """Accept ``global_step_N``, ``global_step_N/actor``, or the ``dist_ckpt`` directory itself."""
-    path = path.resolve()
-    for cand in (path, path / "actor"):
-        if (cand / "dist_ckpt" / "metadata.json").is_file():
-            return Sources(cand / "dist_ckpt", hf_dir or cand / "huggingface")
-    if (path / "metadata.json").is_file():
-        return Sources(path, hf_dir or path.parent / "huggingface")
-    msg = (
-        f"{path} is not a Megatron dist checkpoint: expected verl's global_step_N/actor/dist_ckpt/metadata.json "
-        "(or pass the dist_ckpt directory itself). An unfinished save has no metadata.json; use an earlier step."
-    )
-    raise CheckpointFormatError(msg)
+def locate(path: Path, hf_dir: Path | None = None) -> CheckpointRoot:
+    """The training checkpoint at ``path`` (``global_step_N``, its ``actor/``, its ``dist_ckpt/`` or any dist
+    checkpoint), with ``hf_dir`` taking the place of the HF directory it names, if given."""
+    found = find_root(path)
+    if found.dist_ckpt is None:
+        msg = (
+            f"{path} is an HF directory, not a Megatron checkpoint: to-hf reads verl's global_step_N (or its actor/ "
+            "or dist_ckpt/) or a dist checkpoint directory; the HF model needs no conversion."
+        )
+        raise CheckpointFormatError(msg)
+    if hf_dir is not None:
+        found = replace(found, hf_dir=Path(hf_dir).expanduser().resolve())
+    return found
 
 
 def _hf_sources(cfg: dict[str, Any]) -> dict[str, tuple[DistTensor, Any]]:
@@ -163,10 +156,12 @@ def convert_megatron_to_hf(
     with the checkpoint's own ``config.json`` and tokenizer files (from ``huggingface/``, or ``hf_dir``)."""
     start = time.monotonic()
     where = locate(Path(src), Path(hf_dir) if hf_dir else None)
-    if not (where.hf_dir / "config.json").is_file():
+    if where.hf_dir is None or not (where.hf_dir / "config.json").is_file():
+        found = f"{where.hf_dir}/config.json not found" if where.hf_dir else f"no HF config is known for {src}"
         msg = (
-            f"{where.hf_dir}/config.json not found: verl writes the HF config and tokenizer to the checkpoint's "
-            "huggingface/ directory. Pass --hf-dir with the model directory the training used."
+            f"{found}: verl writes the HF config and tokenizer to the checkpoint's huggingface/ directory, "
+            "to-megatron records the HF directory it converted from. Pass --hf-dir with the model directory the "
+            "checkpoint came from."
         )
         raise CheckpointFormatError(msg)
     cfg = load_json(where.hf_dir / "config.json")
@@ -174,7 +169,8 @@ def convert_megatron_to_hf(
 
     check_megatron_inventory(where.dist_ckpt, build_plan(cfg, Layout(), extra_state=False), allow_extra=True)
     plans = plan_output(cfg, max_shard_bytes)
-    dst = Path(dst).resolve()
+    given_dst = Path(dst)
+    dst = given_dst.expanduser().resolve()
     manifest = {
         "step": "to-hf",
         "source": str(where.dist_ckpt),
@@ -182,7 +178,9 @@ def convert_megatron_to_hf(
         "config_sha256": fingerprint(where.hf_dir / "config.json"),
         "max_shard_bytes": max_shard_bytes,
     }
-    resuming = prepare_output(dst, MANIFEST, manifest, overwrite=overwrite, source=where.dist_ckpt.parent)
+    resuming = prepare_output(
+        dst, MANIFEST, manifest, overwrite=overwrite, source=Path(src), root=where.root, shown_out=given_dst
+    )
     if resuming:
         remove_stale_temps(dst)
     todo = [p for p in plans if not shard_is_complete(dst / p.file, p)]
