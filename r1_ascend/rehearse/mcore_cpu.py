@@ -282,12 +282,31 @@ def _cpu_cuda_namespace() -> types.SimpleNamespace:
     )
 
 
+def _on_cpu(factory: Callable[..., Any]) -> Callable[..., Any]:
+    """A tensor factory that places ``device='cuda'`` (the literal upstream passes) on the CPU."""
+
+    def make(*args: Any, **kwargs: Any) -> Any:
+        device = kwargs.get("device")
+        if device is not None and torch.device(device).type == "cuda":
+            kwargs["device"] = "cpu"
+        return factory(*args, **kwargs)
+
+    return make
+
+
+#: Tensor factories that upstream calls with a literal ``device='cuda'``.
+_FACTORIES = ("tensor", "empty", "zeros", "ones", "full", "arange")
+
+
 class _TorchOnCPU(types.ModuleType):
-    """``torch`` as one upstream module sees it: everything is torch, except ``torch.cuda``'s device calls."""
+    """``torch`` as one upstream module sees it: everything is torch, except ``torch.cuda``'s device calls and
+    tensors created with a literal ``device='cuda'``."""
 
     def __init__(self) -> None:
         super().__init__("torch")
         self.cuda = _cpu_cuda_namespace()
+        for name in _FACTORIES:
+            setattr(self, name, _on_cpu(getattr(torch, name)))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(torch, name)
@@ -305,7 +324,9 @@ CUDA_CALL_MODULES: dict[str, tuple[str, ...]] = {
     "megatron.core.utils": ("torch.cuda.current_device()",),
     "megatron.core.distributed.param_and_grad_buffer": ("torch.cuda.current_device()",),
     "megatron.core.optimizer.distrib_optimizer": ("torch.cuda.current_device()",),
-    "megatron.core.optimizer.optimizer": ("torch.cuda.current_device()",),
+    "megatron.core.optimizer.optimizer": ("torch.cuda.current_device()", "device='cuda'"),
+    "megatron.core.optimizer.clip_grads": ("device='cuda'",),
+    "megatron.core.optimizer.grad_scaler": ("device='cuda'",),
 }
 
 
@@ -364,6 +385,24 @@ REPLACEMENTS: tuple[Replacement, ...] = (
         "verl moves each chunk to f'{device}:{device_id}', which is not a device name on the CPU",
         "make_megatron_module passes its TransformerConfig to get_model, whose use_cpu_initialization branch then "
         "skips the move (the model is built on the CPU already)",
+    ),
+    Replacement(
+        "device='cuda' literals",
+        "megatron/core/optimizer/optimizer.py:357,365,369, clip_grads.py:90,103,115,174,206, grad_scaler.py:15",
+        "the optimizer's flags, scales and norms are created on the CUDA device by name",
+        "the same module-local torch creates them on the CPU",
+    ),
+    Replacement(
+        "'torch.cuda.FloatTensor' type checks",
+        "megatron/core/optimizer/distrib_optimizer.py:387 (_build_model_and_main_param_groups), clip_grads.py:167",
+        "parameters and gradients are validated by their CUDA type name",
+        "during those two calls a CPU tensor's type() answers its dtype's CUDA name",
+    ),
+    Replacement(
+        "FP8 parameter cast after each step",
+        "megatron/core/optimizer/distrib_optimizer.py:2019 (quantize_param_shard, megatron/core/fp8_utils.py:302)",
+        "called after every step, and without Transformer Engine it raises even when there is nothing to cast",
+        "a no-op for an empty list of FP8 parameters (BF16/FP32 models have none); otherwise upstream's call",
     ),
     Replacement(
         "import transformer_engine",
@@ -492,6 +531,72 @@ def _install_transformer_engine_module() -> None:
     sys.modules["transformer_engine"] = te
 
 
+@contextlib.contextmanager
+def _cuda_type_names() -> Any:
+    """While upstream validates parameter types by name, a CPU tensor's ``type()`` answers the CUDA name of its
+    dtype ('torch.cuda.FloatTensor'): the check is about the dtype, and the CUDA prefix is the device-only part."""
+    original = torch.Tensor.type
+
+    def type_(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        name = original(self, *args, **kwargs)
+        if not args and not kwargs and self.device.type == "cpu" and name.startswith("torch."):
+            return "torch.cuda." + name.removeprefix("torch.")
+        return name
+
+    torch.Tensor.type = type_
+    try:
+        yield
+    finally:
+        torch.Tensor.type = original
+
+
+def _install_distributed_optimizer_type_check() -> None:
+    """``DistributedOptimizer._build_model_and_main_param_groups`` accepts only 'torch.cuda.*Tensor' parameters."""
+    import functools
+
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    build = DistributedOptimizer.__dict__["_build_model_and_main_param_groups"].__func__
+    if getattr(build, "__r1_ascend_cpu__", False):
+        return
+
+    @functools.wraps(build)
+    def build_on_cpu(cls: type, *args: Any, **kwargs: Any) -> Any:
+        with _cuda_type_names():
+            return build(cls, *args, **kwargs)
+
+    build_on_cpu.__r1_ascend_cpu__ = True
+    DistributedOptimizer._build_model_and_main_param_groups = classmethod(build_on_cpu)
+
+    import megatron.core.optimizer.optimizer as optimizer_module
+
+    clip = optimizer_module.clip_grad_by_total_norm_fp32
+    if not getattr(clip, "__r1_ascend_cpu__", False):
+
+        @functools.wraps(clip)
+        def clip_on_cpu(*args: Any, **kwargs: Any) -> Any:
+            with _cuda_type_names():
+                return clip(*args, **kwargs)
+
+        clip_on_cpu.__r1_ascend_cpu__ = True
+        optimizer_module.clip_grad_by_total_norm_fp32 = clip_on_cpu
+
+    import megatron.core.optimizer.distrib_optimizer as distrib_optimizer
+
+    quantize = distrib_optimizer.quantize_param_shard
+    if not getattr(quantize, "__r1_ascend_cpu__", False):
+
+        @functools.wraps(quantize)
+        def quantize_fp8_only(model_params: list[Any], *args: Any, **kwargs: Any) -> Any:
+            """Called after every step; TE's FP8 cast of FP8 parameters, which a BF16/FP32 model has none of."""
+            if not model_params:
+                return None
+            return quantize(model_params, *args, **kwargs)
+
+        quantize_fp8_only.__r1_ascend_cpu__ = True
+        distrib_optimizer.quantize_param_shard = quantize_fp8_only
+
+
 def _install_cpu_model_placement() -> None:
     """verl's ``make_megatron_module`` calls ``get_model`` without its ``transformer_config``, so ``get_model`` moves
     every chunk to ``f"{device}:{device_id}"`` ('cpu:cpu'); given the config, its own CPU-initialisation branch
@@ -549,6 +654,7 @@ def install() -> None:
     _install_rng_tracker()
     _install_transformer_engine_module()
     _install_cpu_model_placement()
+    _install_distributed_optimizer_type_check()
     _INSTALLED = True
 
 
