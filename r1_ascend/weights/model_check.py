@@ -155,7 +155,9 @@ def compare(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="r1-ascend check-model", description=__doc__.split("\n\n")[0])
+    from r1_ascend.cli import plain_help
+
+    parser = argparse.ArgumentParser(prog="r1-ascend check-model", description=plain_help(__doc__.split("\n\n")[0]))
     parser.add_argument("--hf-dir", type=Path, required=True, help="HF BF16 directory (config.json + safetensors)")
     parser.add_argument("--dist-ckpt", type=Path, help="Megatron dist checkpoint made from it (to-megatron)")
     parser.add_argument("--dtype", choices=sorted(TOLERANCES), default="fp32")

@@ -199,8 +199,9 @@ def test_free_cache_engine_off_is_refused(smoke_inputs):
 
 
 def test_sequence_longer_than_the_model_context_is_refused(smoke_inputs):
-    _, findings = _findings(smoke_inputs, "data.max_response_length=8192")
-    assert "exceeds the model's max_position_embeddings 4096" in _errors(findings, "context_length")[0]
+    limit = json.loads((smoke_inputs.model / "config.json").read_text(encoding="utf-8"))["max_position_embeddings"]
+    _, findings = _findings(smoke_inputs, f"data.max_response_length={limit}")
+    assert f"exceeds the model's max_position_embeddings {limit}" in _errors(findings, "context_length")[0]
 
 
 @pytest.mark.parametrize(
