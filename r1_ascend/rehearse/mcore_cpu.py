@@ -327,6 +327,7 @@ CUDA_CALL_MODULES: dict[str, tuple[str, ...]] = {
     "megatron.core.optimizer.optimizer": ("torch.cuda.current_device()", "device='cuda'"),
     "megatron.core.optimizer.clip_grads": ("device='cuda'",),
     "megatron.core.optimizer.grad_scaler": ("device='cuda'",),
+    "megatron.core.pipeline_parallel.schedules": ('device="cuda"',),
 }
 
 
@@ -375,7 +376,8 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     ),
     Replacement(
         "CUDA RNG tracker",
-        "megatron/core/tensor_parallel/random.py:183 (get_cuda_rng_tracker), :221 (model_parallel_cuda_manual_seed)",
+        "megatron/core/tensor_parallel/random.py:232 (initialize_rng_tracker, behind get_cuda_rng_tracker and "
+        "model_parallel_cuda_manual_seed)",
         "per-parallel-region CUDA generator states; verl seeds them and saves them in checkpoints",
         "the same tracker class over CPU generator states (torch.random.get/set_rng_state)",
     ),
@@ -388,7 +390,8 @@ REPLACEMENTS: tuple[Replacement, ...] = (
     ),
     Replacement(
         "device='cuda' literals",
-        "megatron/core/optimizer/optimizer.py:357,365,369, clip_grads.py:90,103,115,174,206, grad_scaler.py:15",
+        "megatron/core/optimizer/optimizer.py:357,365,369, clip_grads.py:90,103,115,174,206, grad_scaler.py:15, "
+        "pipeline_parallel/schedules.py:477",
         "the optimizer's flags, scales and norms are created on the CUDA device by name",
         "the same module-local torch creates them on the CPU",
     ),
@@ -436,6 +439,8 @@ def check_targets() -> list[str]:
     if "tensor.is_cuda" not in inspect.getsource(moe_utils.maybe_move_tensor_to_cpu):
         problems.append("moe_utils.maybe_move_tensor_to_cpu no longer tests tensor.is_cuda")
     random_mod = importlib.import_module("megatron.core.tensor_parallel.random")
+    if "global _CUDA_RNG_STATE_TRACKER" not in inspect.getsource(random_mod.initialize_rng_tracker):
+        problems.append("tensor_parallel.random.initialize_rng_tracker no longer creates the global tracker")
     tracker_params = list(inspect.signature(random_mod.CudaRNGStatesTracker.add).parameters)
     if tracker_params != ["self", "name", "seed"]:
         problems.append(f"CudaRNGStatesTracker.add(self, name, seed) changed to {tracker_params}")
@@ -507,12 +512,19 @@ class _CPURNGStatesTracker:
 
 
 def _install_rng_tracker() -> None:
+    """``initialize_rng_tracker`` creates the CPU tracker: ``get_cuda_rng_tracker`` and
+    ``model_parallel_cuda_manual_seed`` (which verl's ``set_random_seed`` calls) both go through it."""
     import megatron.core.tensor_parallel.random as tp_random
 
-    tracker = _CPURNGStatesTracker()
-    tp_random._CUDA_RNG_STATE_TRACKER = tracker
-    tp_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
-    tp_random.get_cuda_rng_tracker = lambda *_, **__: tracker
+    def initialize_rng_tracker(*_: Any, **__: Any) -> None:
+        if tp_random._CUDA_RNG_STATE_TRACKER_INITIALIZED:
+            return
+        tp_random._CUDA_RNG_STATE_TRACKER = _CPURNGStatesTracker()
+        tp_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+
+    tp_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = False
+    tp_random.initialize_rng_tracker = initialize_rng_tracker
+    initialize_rng_tracker()
 
 
 def _install_transformer_engine_module() -> None:
