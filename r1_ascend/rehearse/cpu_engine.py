@@ -1,21 +1,26 @@
 """The stand-in for ``vllm.LLM`` in the rehearsal: the pinned vLLM wheel has no CPU backend.
 
 verl's stock ``vLLMRollout.__init__`` (run for real, through the overlay's DP/EP wrapper and the offloading rollout
-subclass) calls ``LLM(**engine_args)``; this object answers it. It is built like vLLM 0.9.1's V1 engine under
-verl's ``external_launcher`` so that the overlay's offloading rollout reaches the same attribute paths as on the
-NPU:
+subclass) calls ``LLM(**engine_args)``; :class:`CPUStandInLLM` answers it. The model is transformers'
+``DeepseekV3ForCausalLM`` (the pinned release) built from the model directory's ``config.json`` in the dtype verl
+asks for, so the rollout runs DeepSeek-V3's own architecture (MLA, grouped ``noaux_tc`` routing, shared experts)
+from code that shares nothing with the Megatron actor: a weight export that puts a tensor in the wrong place shows
+up as a log-prob gap, as it would on the NPU.
+
+The engine is built like vLLM 0.9.1's V1 engine under verl's ``external_launcher``, so that the overlay's offloading
+rollout reaches the same attribute paths as on the NPU:
 
 - ``llm_engine.engine_core.engine_core`` is the engine core; its KV caches are initialised by running vLLM's *real*
   ``EngineCore._initialize_kv_caches`` on it, so the overlay's ``vllm_engine_kv_cache_configs`` patch saves the
   configs that ``resume(["kv_cache"])`` rebuilds from;
-- ``llm_engine.model_executor.driver_worker.worker.model_runner`` holds the model (a :class:`TinyPolicy`), the KV
-  caches (bound with vLLM's real ``bind_kv_cache``) and the forward context, whose attention layers carry real
-  vllm-ascend ``AscendMLAImpl`` objects (their ``process_weights_after_loading`` is upstream code).
+- ``llm_engine.model_executor.driver_worker.worker.model_runner`` holds the model, the MLA KV caches laid out as
+  vllm-ascend's ``NPUModelRunner`` lays them out (bound with vLLM's real ``bind_kv_cache``) and the forward context,
+  whose attention layers carry real vllm-ascend ``AscendMLAImpl`` objects over each layer's ``self_attn.kv_b_proj``
+  (their ``process_weights_after_loading`` is upstream code), with the MLA dimensions of the model's config.
 
-``generate`` is the device compute: it samples ``max_tokens`` tokens per prompt from the policy's logits at the
-sampling temperature (greedy at temperature 0), stops at the tokenizer's EOS, and returns ``RequestOutput``-shaped
-objects (``outputs[i].token_ids``, ``outputs[i].logprobs`` when asked), which verl's stock ``generate_sequences``
-pads and assembles. top-p/top-k are not applied.
+Device compute is the only thing stood in: ``generate`` decodes with transformers' own KV cache
+(``past_key_values``), not with the vLLM-layout caches above, which exist for the memory lifecycle the overlay
+drives (freed by ``release``, rebuilt by ``resume(["kv_cache"])``).
 
 The engine-shaped pieces (``ModelRunner``, ``Executor``, ``start_engine``) are also what the overlay's unit tests
 build their recording fakes on, so the rehearsal and the tests stand in for vLLM in one way.
@@ -23,20 +28,63 @@ build their recording fakes on, so the rehearsal and the tests stand in for vLLM
 
 from __future__ import annotations
 
+import difflib
+import math
 import types
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
-
-from r1_ascend.rehearse import tiny_policy as tp
+from transformers import DeepseekV3ForCausalLM
+from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
 
 BLOCK_SIZE = 16
-#: Bytes the stand-in executor reports free for KV cache (a handful of blocks per layer).
-AVAILABLE_KV_BYTES = 256 * 1024
+#: Sequences of ``max_model_len`` tokens the stand-in executor reports KV-cache memory for (vLLM needs at least one).
+KV_CACHE_SEQUENCES = 2
+#: Temperatures below this sample greedily (vllm.v1.sample.sampler._SAMPLING_EPS).
+GREEDY_EPS = 1e-5
+#: ``vllm.LLM(dtype=...)`` strings and what vLLM maps them to.
+DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+}
 
 
-def mla_impl(kv_b_proj: torch.nn.Module, impl_class: type | None = None) -> Any:
+# --- vLLM engine shape (shared with the overlay's test fakes) -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MLADims:
+    """The MLA dimensions ``AscendMLAImpl`` splits ``kv_b_proj`` by and the MLA KV cache is laid out with."""
+
+    num_heads: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+    @classmethod
+    def from_hf_config(cls, config: Any) -> MLADims:
+        return cls(
+            num_heads=int(config.num_attention_heads),
+            kv_lora_rank=int(config.kv_lora_rank),
+            qk_nope_head_dim=int(config.qk_nope_head_dim),
+            qk_rope_head_dim=int(config.qk_rope_head_dim),
+            v_head_dim=int(config.v_head_dim),
+        )
+
+    @property
+    def cache_head_size(self) -> int:
+        """One MLA cache entry: the compressed KV (``kv_lora_rank``) and the shared rope key (vLLM's MLA spec)."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+
+def mla_impl(kv_b_proj: torch.nn.Module, dims: MLADims, impl_class: type | None = None) -> Any:
     """vllm-ascend's MLA implementation object (``impl_class``, default ``AscendMLAImpl``, created without its
     ``__init__``) with the fields its weight post-processing reads."""
     if impl_class is None:
@@ -44,10 +92,10 @@ def mla_impl(kv_b_proj: torch.nn.Module, impl_class: type | None = None) -> Any:
 
     impl = object.__new__(impl_class)
     impl.kv_b_proj = kv_b_proj
-    impl.num_heads = tp.NUM_HEADS
-    impl.kv_lora_rank = tp.KV_LORA_RANK
-    impl.qk_nope_head_dim = tp.QK_NOPE_HEAD_DIM
-    impl.v_head_dim = tp.V_HEAD_DIM
+    impl.num_heads = dims.num_heads
+    impl.kv_lora_rank = dims.kv_lora_rank
+    impl.qk_nope_head_dim = dims.qk_nope_head_dim
+    impl.v_head_dim = dims.v_head_dim
     return impl
 
 
@@ -64,7 +112,8 @@ def layer_name(index: int) -> str:
     return f"model.layers.{index}.self_attn.attn"
 
 
-def _unquantized(linear: torch.nn.Linear) -> torch.nn.Linear:
+def _unquantized(linear: torch.nn.Module) -> torch.nn.Module:
+    """Mark a plain linear as vLLM's unquantized linear, the only case ``AscendMLAImpl`` reads ``.weight`` directly."""
     from vllm.model_executor.layers.linear import UnquantizedLinearMethod
 
     linear.quant_method = UnquantizedLinearMethod()
@@ -77,11 +126,12 @@ class ModelRunner:
 
     impl_class: type | None = None
 
-    def __init__(self, model: torch.nn.Module, dtype: torch.dtype) -> None:
+    def __init__(self, model: torch.nn.Module, dtype: torch.dtype, dims: MLADims) -> None:
         self.model = model
+        self.dims = dims
         self.kv_caches: list[Any] = []
         context = {
-            layer_name(i): Attention(mla_impl(_unquantized(layer.self_attn.kv_b_proj), self.impl_class))
+            layer_name(i): Attention(mla_impl(_unquantized(layer.self_attn.kv_b_proj), dims, self.impl_class))
             for i, layer in enumerate(model.model.layers)
         }
         self.vllm_config = types.SimpleNamespace(
@@ -99,13 +149,13 @@ class ModelRunner:
         return self.vllm_config.compilation_config.static_forward_context
 
     def get_kv_cache_spec(self) -> dict[str, Any]:
+        """One MLA spec per attention layer, as vLLM builds it for DeepSeek (one KV head of ``cache_head_size``)."""
         from vllm.v1.kv_cache_interface import FullAttentionSpec
 
-        head_size = tp.QK_NOPE_HEAD_DIM + tp.QK_ROPE_HEAD_DIM
         dtype = self.vllm_config.model_config.dtype
         return {
             name: FullAttentionSpec(
-                block_size=BLOCK_SIZE, num_kv_heads=1, head_size=head_size, dtype=dtype, use_mla=True
+                block_size=BLOCK_SIZE, num_kv_heads=1, head_size=self.dims.cache_head_size, dtype=dtype, use_mla=True
             )
             for name in self.forward_context
         }
@@ -120,8 +170,8 @@ class ModelRunner:
         for group in kv_cache_config.kv_cache_groups:
             for name in group.layer_names:
                 blocks = sizes[name] // group.kv_cache_spec.page_size_bytes
-                nope = torch.zeros(blocks, BLOCK_SIZE, 1, tp.QK_NOPE_HEAD_DIM, dtype=dtype)
-                rope = torch.zeros(blocks, BLOCK_SIZE, 1, tp.QK_ROPE_HEAD_DIM, dtype=dtype)
+                nope = torch.zeros(blocks, BLOCK_SIZE, 1, self.dims.kv_lora_rank, dtype=dtype)
+                rope = torch.zeros(blocks, BLOCK_SIZE, 1, self.dims.qk_rope_head_dim, dtype=dtype)
                 caches[name] = (nope, rope)
         bind_kv_cache(caches, self.forward_context, self.kv_caches)
 
@@ -131,7 +181,7 @@ class Executor:
     """vLLM's executor with ``external_launcher``: one in-process worker."""
 
     model_runner: ModelRunner
-    available_memory: int = AVAILABLE_KV_BYTES
+    available_memory: int
 
     @property
     def driver_worker(self) -> Any:
@@ -145,6 +195,12 @@ class Executor:
 
     def initialize_from_config(self, kv_cache_configs: list[Any]) -> None:
         self.model_runner.initialize_kv_cache(kv_cache_configs[0])  # WorkerWrapperBase picks configs[rpc_rank=0]
+
+
+def kv_cache_bytes(runner: ModelRunner, tokens: int) -> int:
+    """Bytes of KV cache that hold ``tokens`` tokens in every attention layer of ``runner``."""
+    blocks = math.ceil(tokens / BLOCK_SIZE)
+    return sum(blocks * spec.page_size_bytes for spec in runner.get_kv_cache_spec().values())
 
 
 def engine_config(max_model_len: int) -> Any:
@@ -174,51 +230,363 @@ def start_engine(executor: Executor, max_model_len: int) -> tuple[Any, Any]:
     return engine_core, llm_engine
 
 
-class CPUStandInLLM:
-    """Answers ``vllm.LLM(model=..., max_model_len=..., seed=..., **engine_kwargs)`` as verl calls it."""
+# --- the model: transformers' DeepSeek-V3 with vLLM's weight-loading contract ----------------------------------------
 
-    def __init__(self, model: str, max_model_len: int = 1024, seed: int = 0, **engine_kwargs: Any) -> None:
+
+class WeightSyncError(ValueError):
+    """A weight load named a tensor the rollout model does not have, with the wrong shape, or left one out."""
+
+
+class RolloutDeepseekV3(DeepseekV3ForCausalLM):
+    """transformers' ``DeepseekV3ForCausalLM`` that loads weights the way vLLM's model does (``load_weights``).
+
+    Parameter names are the Hugging Face DeepSeek-V3 checkpoint names, which is what verl's Megatron->HF export
+    emits. One change to the module tree: each router's ``e_score_correction_bias`` is a float32 parameter rather
+    than a buffer in the model dtype. DeepSeek-V3 checkpoints store it in float32 and the router adds it to float32
+    sigmoid scores, so rounding it to bf16 would change which experts are chosen; as a parameter it is also released,
+    re-allocated and checked for completeness like every other synced weight (vLLM holds it as a parameter too).
+    """
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        for module in self.modules():
+            if isinstance(module, DeepseekV3TopkRouter):
+                bias = module._buffers.pop("e_score_correction_bias")
+                module.e_score_correction_bias = torch.nn.Parameter(bias.float(), requires_grad=False)
+        self.requires_grad_(False)
+        #: The names written by each ``load_weights`` call (verl syncs all weights in one call).
+        self.load_history: list[frozenset[str]] = []
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copy each ``(HF name, tensor)`` into the parameter of that name; return the names written.
+
+        An unknown name or a shape mismatch raises :class:`WeightSyncError` before anything later is copied.
+        """
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            param = params.get(name)
+            if param is None:
+                close = difflib.get_close_matches(name, params, n=3)
+                hint = f"; closest: {close}" if close else ""
+                msg = f"the rollout's DeepSeek-V3 has no parameter {name!r}{hint} ({len(params)} parameters)"
+                raise WeightSyncError(msg)
+            if tuple(tensor.shape) != tuple(param.shape):
+                msg = f"weight {name!r} has shape {tuple(tensor.shape)}, the rollout's parameter {tuple(param.shape)}"
+                raise WeightSyncError(msg)
+            param.data.copy_(tensor.detach())
+            loaded.add(name)
+        self.load_history.append(frozenset(loaded))
+        return loaded
+
+    def missing_weights(self, loaded: Iterable[str]) -> list[str]:
+        """The parameters not in ``loaded``, in model order (empty after a complete sync)."""
+        written = set(loaded)
+        return [name for name, _ in self.named_parameters() if name not in written]
+
+    def check_complete(self, loaded: Iterable[str]) -> None:
+        """Raise :class:`WeightSyncError` naming the parameters a sync that wrote ``loaded`` left out."""
+        missing = self.missing_weights(loaded)
+        if missing:
+            shown = ", ".join(missing[:8]) + (", ..." if len(missing) > 8 else "")
+            msg = f"the weight sync left {len(missing)} rollout parameters unwritten: {shown}"
+            raise WeightSyncError(msg)
+
+
+def torch_dtype(dtype: Any, config: Any = None) -> torch.dtype:
+    """``vllm.LLM(dtype=...)`` as a torch dtype; ``"auto"`` takes the config's ``torch_dtype`` as vLLM does."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = str(dtype)
+    if name == "auto":
+        name = str(getattr(config, "torch_dtype", None) or "bfloat16").removeprefix("torch.")
+    if name not in DTYPES:
+        msg = f"unsupported rollout dtype {dtype!r}; expected one of {sorted(DTYPES)} or 'auto'"
+        raise ValueError(msg)
+    return DTYPES[name]
+
+
+def build_model(config: Any, dtype: torch.dtype, seed: int = 0) -> RolloutDeepseekV3:
+    """The rollout model in ``dtype`` with transformers' initialisation drawn from ``seed`` (vLLM's dummy load)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = RolloutDeepseekV3._from_config(config, torch_dtype=dtype)
+    return model.eval()
+
+
+def _checkpoint_tensors(model_dir: Path) -> Iterable[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        msg = f"load_format asks for the checkpoint but {model_dir} has no *.safetensors; use load_format='dummy'"
+        raise FileNotFoundError(msg)
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not iterable
+                yield name, f.get_tensor(name)
+
+
+# --- sampling -----------------------------------------------------------------------------------------------------
+
+
+#: SamplingParams fields this engine does not implement, with the value that means "off".
+_UNSUPPORTED_DEFAULTS: dict[str, Any] = {
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "min_p": 0.0,
+    "seed": None,
+    "min_tokens": 0,
+    "prompt_logprobs": None,
+    "logits_processors": None,
+    "guided_decoding": None,
+    "logit_bias": None,
+    "allowed_token_ids": None,
+    "bad_words": None,
+}
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """What ``generate`` honours from vLLM's ``SamplingParams``."""
+
+    n: int
+    max_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    logprobs: int | None
+    stop_token_ids: frozenset[int]
+    ignore_eos: bool
+
+    @classmethod
+    def from_params(cls, params: Any) -> Sampling:
+        """Read ``params``; refuse any field set to something this engine would silently ignore."""
+        unsupported = {
+            key: getattr(params, key)
+            for key, off in _UNSUPPORTED_DEFAULTS.items()
+            if getattr(params, key, off) not in (off, [], {})
+        }
+        if getattr(params, "stop", None):
+            unsupported["stop"] = params.stop
+        if unsupported:
+            msg = f"the CPU rollout engine does not implement these sampling parameters: {unsupported}"
+            raise NotImplementedError(msg)
+        if params.max_tokens is None:
+            msg = "SamplingParams.max_tokens must be set for the CPU rollout engine"
+            raise ValueError(msg)
+        return cls(
+            n=int(params.n),
+            max_tokens=int(params.max_tokens),
+            temperature=float(params.temperature),
+            top_p=float(params.top_p),
+            top_k=int(params.top_k),
+            logprobs=None if params.logprobs is None else int(params.logprobs),
+            stop_token_ids=frozenset(int(t) for t in (params.stop_token_ids or ())),
+            ignore_eos=bool(params.ignore_eos),
+        )
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < GREEDY_EPS
+
+
+def top_k_top_p_mask(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """``logits`` [rows, vocab] with every token outside the top-k, then outside the top-p nucleus, set to -inf.
+
+    Same semantics as vLLM's sampler: ``top_k <= 0`` or ``>= vocab`` and ``top_p >= 1`` are off; the nucleus is the
+    smallest set of most likely tokens whose probability reaches ``top_p`` (never empty).
+    """
+    vocab = logits.shape[-1]
+    masked = logits
+    if 0 < top_k < vocab:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        masked = masked.masked_fill(masked < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = masked.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        mass_before = probs.cumsum(dim=-1) - probs  # probability of the more likely tokens
+        drop_sorted = mass_before >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        masked = masked.masked_fill(drop, float("-inf"))
+    return masked
+
+
+def sample(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decode step: the sampled tokens [rows] and the log-probs [rows, vocab] they are reported with.
+
+    The log-probs are those of ``log_softmax(logits / T)`` (raw logits when greedy), before top-k/top-p: what the
+    overlay's rollout guard makes vLLM return and what the actor recomputes.
+    """
+    logits = logits.float()
+    if sampling.greedy:
+        return logits.argmax(dim=-1), logits.log_softmax(dim=-1)
+    scaled = logits / sampling.temperature
+    probs = top_k_top_p_mask(scaled, sampling.top_k, sampling.top_p).softmax(dim=-1)
+    tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return tokens, scaled.log_softmax(dim=-1)
+
+
+def _logprob_entry(row: torch.Tensor, token: int, top: int) -> dict[int, Any]:
+    """vLLM's per-token log-prob dict: the sampled token plus the ``top`` most likely, with their vocab ranks."""
+    from vllm.sequence import Logprob
+
+    value = float(row[token])
+    entry = {token: Logprob(logprob=value, rank=int((row > row[token]).sum()) + 1)}
+    if top > 0:
+        values, ids = row.topk(top)
+        for rank, (tid, tval) in enumerate(zip(ids.tolist(), values.tolist(), strict=True), start=1):
+            entry.setdefault(tid, Logprob(logprob=tval, rank=rank))
+    return entry
+
+
+# --- the LLM ------------------------------------------------------------------------------------------------------
+
+
+class CPUStandInLLM:
+    """Answers ``vllm.LLM(model=..., dtype=..., max_model_len=..., seed=..., **engine_kwargs)`` as verl calls it.
+
+    ``seed`` seeds both the dummy weights and the sampling generator, so rollout TP ranks built with the same seed
+    and given the same prompts return the same samples, as vLLM's TP ranks do.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        dtype: Any = "auto",
+        max_model_len: int | None = None,
+        seed: int = 0,
+        load_format: str = "dummy",
+        max_num_seqs: int = 256,
+        **engine_kwargs: Any,
+    ) -> None:
         from transformers import AutoConfig, AutoTokenizer
 
         self.engine_kwargs = dict(engine_kwargs)
-        hf_config = AutoConfig.from_pretrained(model, trust_remote_code=False)
+        self.hf_config = AutoConfig.from_pretrained(model, trust_remote_code=False)
         tokenizer = AutoTokenizer.from_pretrained(model)
         self.eos_token_id = tokenizer.eos_token_id
-        self.model = tp.TinyPolicy(int(hf_config.vocab_size))
-        self.runner = ModelRunner(self.model, torch.float32)
-        self.executor = Executor(self.runner)
-        self.engine_core, self.llm_engine = start_engine(self.executor, int(max_model_len))
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_id
+        self.dtype = torch_dtype(dtype, self.hf_config)
+        self.max_model_len = int(max_model_len or self.hf_config.max_position_embeddings)
+        self.max_num_seqs = int(max_num_seqs)
+        self.model, dims = self._build_model(Path(model), str(load_format), int(seed))
+        self.runner = ModelRunner(self.model, self.dtype, dims)
+        available = kv_cache_bytes(self.runner, KV_CACHE_SEQUENCES * self.max_model_len)
+        self.executor = Executor(self.runner, available)
+        self.engine_core, self.llm_engine = start_engine(self.executor, self.max_model_len)
         self.generator = torch.Generator().manual_seed(int(seed))
         self.prefix_cache_resets = 0
+
+    def _build_model(self, model_dir: Path, load_format: str, seed: int) -> tuple[torch.nn.Module, MLADims]:
+        """The model (dummy weights from ``seed``, or the directory's checkpoint) and its MLA dimensions."""
+        model = build_model(self.hf_config, self.dtype, seed)
+        if not load_format.startswith("dummy"):
+            model.check_complete(model.load_weights(_checkpoint_tensors(model_dir)))
+        return model, MLADims.from_hf_config(self.hf_config)
 
     def reset_prefix_cache(self) -> bool:
         self.prefix_cache_resets += 1
         return True
 
     @torch.no_grad()
-    def generate(self, prompts: list[dict[str, Any]], sampling_params: Any, **_: Any) -> list[Any]:
-        temperature = float(sampling_params.temperature)
-        want_logprobs = sampling_params.logprobs is not None
-        outputs = []
-        for prompt in prompts:
-            samples = []
-            for _sample in range(int(sampling_params.n)):
-                token = int(prompt["prompt_token_ids"][-1])
-                token_ids: list[int] = []
-                logprobs: list[dict[int, Any]] = []
-                for _step in range(int(sampling_params.max_tokens)):
-                    logits = self.model.logits(torch.tensor([token]))[0]
-                    if temperature > 0:
-                        log_p = torch.log_softmax(logits / temperature, dim=-1)
-                        token = int(torch.multinomial(log_p.exp(), 1, generator=self.generator))
-                    else:
-                        log_p = torch.log_softmax(logits, dim=-1)
-                        token = int(torch.argmax(log_p))
-                    token_ids.append(token)
-                    if want_logprobs:
-                        logprobs.append({token: types.SimpleNamespace(logprob=float(log_p[token]))})
-                    if token == self.eos_token_id:
-                        break
-                samples.append(types.SimpleNamespace(token_ids=token_ids, logprobs=logprobs if want_logprobs else None))
-            outputs.append(types.SimpleNamespace(outputs=samples))
-        return outputs
+    def generate(self, prompts: Sequence[Mapping[str, Any]], sampling_params: Any, **_: Any) -> list[Any]:
+        """``LLM.generate`` on ``{"prompt_token_ids": [...]}`` prompts: ``n`` samples each, batched up to
+        ``max_num_seqs`` sequences, returned as vLLM ``RequestOutput`` objects in prompt order."""
+        from vllm.outputs import RequestOutput
+
+        sampling = Sampling.from_params(sampling_params)
+        stop = set(sampling.stop_token_ids) | (set() if sampling.ignore_eos else {self.eos_token_id})
+        prompt_ids = [[int(t) for t in prompt["prompt_token_ids"]] for prompt in prompts]
+        rows = [ids for ids in prompt_ids for _sample in range(sampling.n)]
+        samples: list[tuple[list[int], list[dict[int, Any]] | None]] = []
+        for start in range(0, len(rows), self.max_num_seqs):
+            samples += self._decode(rows[start : start + self.max_num_seqs], sampling, stop)
+        completions = [self._completion(i % sampling.n, *sample, stop) for i, sample in enumerate(samples)]
+        return [
+            RequestOutput(str(index), None, ids, None, completions[index * sampling.n : (index + 1) * sampling.n], True)
+            for index, ids in enumerate(prompt_ids)
+        ]
+
+    def _completion(self, index: int, tokens: list[int], logprobs: list[dict[int, Any]] | None, stop: set[int]) -> Any:
+        """vLLM's ``CompletionOutput``: finished by a stop token ("stop", which is kept) or by the length limit."""
+        from vllm.outputs import CompletionOutput
+
+        stopped = bool(tokens) and tokens[-1] in stop
+        return CompletionOutput(
+            index=index,
+            text="",
+            token_ids=tokens,
+            cumulative_logprob=None
+            if logprobs is None
+            else sum(e[t].logprob for e, t in zip(logprobs, tokens, strict=True)),
+            logprobs=logprobs,
+            finish_reason="stop" if stopped else "length",
+            stop_reason=tokens[-1] if stopped and tokens[-1] != self.eos_token_id else None,
+        )
+
+    def _decode(
+        self, prompts: list[list[int]], sampling: Sampling, stop: set[int]
+    ) -> list[tuple[list[int], list[dict[int, Any]] | None]]:
+        """One response per prompt, all prompts decoded together (see ``_prefill`` and ``_next_logits``)."""
+        lengths = [len(ids) for ids in prompts]
+        if max(lengths) >= self.max_model_len:
+            msg = f"a prompt of {max(lengths)} tokens leaves no room to generate in max_model_len={self.max_model_len}"
+            raise ValueError(msg)
+        limits = [min(sampling.max_tokens, self.max_model_len - n) for n in lengths]
+        tokens: list[list[int]] = [[] for _ in prompts]
+        logprobs: list[list[dict[int, Any]]] = [[] for _ in prompts]
+        live = [limit > 0 for limit in limits]
+        logits, state = self._prefill(prompts)
+        while True:
+            sampled, log_probs = sample(logits, sampling, self.generator)
+            for row, token in enumerate(sampled.tolist()):
+                if not live[row]:
+                    continue
+                tokens[row].append(token)
+                if sampling.logprobs is not None:
+                    logprobs[row].append(_logprob_entry(log_probs[row], token, sampling.logprobs))
+                live[row] = token not in stop and len(tokens[row]) < limits[row]
+            if not any(live):
+                break
+            logits = self._next_logits(state, sampled)
+        return [(t, lp if sampling.logprobs is not None else None) for t, lp in zip(tokens, logprobs, strict=True)]
+
+    def _prefill(self, prompts: list[list[int]]) -> tuple[torch.Tensor, Any]:
+        """The next-token logits [rows, vocab] after each prompt, and the decode state: the prompts left-padded into
+        one batch (attention mask, position ids) with transformers' KV cache."""
+        from transformers import DynamicCache
+
+        width = max(len(ids) for ids in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, ids in enumerate(prompts):
+            input_ids[row, width - len(ids) :] = torch.tensor(ids)
+            mask[row, width - len(ids) :] = 1
+        state = _DecodeState(DynamicCache(), mask, (mask.cumsum(dim=-1) - 1).clamp(min=0))
+        return self._forward(state, input_ids), state
+
+    def _next_logits(self, state: Any, sampled: torch.Tensor) -> torch.Tensor:
+        """Feed one sampled token per row through the cache; rows that already stopped decode on, unread."""
+        state.mask = torch.cat([state.mask, state.mask.new_ones((len(sampled), 1))], dim=-1)
+        state.positions = state.positions[:, -1:] + 1
+        return self._forward(state, sampled.unsqueeze(-1))
+
+    def _forward(self, state: _DecodeState, input_ids: torch.Tensor) -> torch.Tensor:
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=state.mask,
+            position_ids=state.positions,
+            past_key_values=state.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1]
+
+
+@dataclass
+class _DecodeState:
+    cache: Any
+    mask: torch.Tensor
+    positions: torch.Tensor

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from r1_ascend import envs
-from r1_ascend.rehearse.tiny_policy import TinyPolicy
+from r1_ascend.rehearse.tiny_policy import TinyPolicy, TinyPolicyLLM
 
 #: (what is stood in, where verl reaches it, why) - the complete list.
 STAND_INS: tuple[tuple[str, str, str], ...] = (
@@ -67,7 +67,7 @@ STAND_INS: tuple[tuple[str, str, str], ...] = (
     ),
     (
         "vLLM engine",
-        "verl.workers.rollout.vllm_rollout.vllm_rollout_spmd.LLM -> CPUStandInLLM",
+        "verl.workers.rollout.vllm_rollout.vllm_rollout_spmd.LLM -> TinyPolicyLLM",
         "the pinned vLLM wheel has no CPU backend; engine core, KV-cache init and MLA impls stay upstream code",
     ),
 )
@@ -283,8 +283,6 @@ def install() -> None:
     import verl.workers.megatron_workers as megatron_workers
     import verl.workers.rollout.vllm_rollout.vllm_rollout_spmd as vllm_rollout_spmd
 
-    from r1_ascend.rehearse.cpu_engine import CPUStandInLLM
-
     _install_cpu_device_api()
     megatron_workers.get_nccl_backend = lambda: "gloo"
     megatron_workers.set_random_seed = _set_random_seed
@@ -295,7 +293,7 @@ def install() -> None:
     megatron_workers.per_tensor_generator = _per_tensor_generator
     megatron_workers.MegatronCheckpointManager = CPUCheckpointManager
     megatron_actor.get_forward_backward_func = _forward_backward_func
-    vllm_rollout_spmd.LLM = CPUStandInLLM
+    vllm_rollout_spmd.LLM = TinyPolicyLLM
     _record_lifecycle()
     _record("stand-ins installed")
 

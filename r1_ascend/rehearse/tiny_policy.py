@@ -6,8 +6,8 @@ Hugging Face / vLLM names the actor->rollout weight export produces):
 - the actor's and the reference's Megatron ``GPTModel`` chunk: verl's Megatron forward function calls it on packed
   (THD) input ids and gets logits ``[1, tokens, vocab]``; ``pre_process``/``post_process`` mark the single
   pipeline stage and ``zero_grad_buffer`` is what verl calls on a Megatron DDP chunk before each mini-batch;
-- the rollout's vLLM ``DeepseekV2ForCausalLM``: ``load_weights`` receives the synced actor weights and
-  generation samples from them, so the rollout generates with the policy the actor just updated.
+- the rollout's vLLM ``DeepseekV2ForCausalLM``, in :class:`TinyPolicyLLM`: ``load_weights`` receives the synced
+  actor weights and generation samples from them, so the rollout generates with the policy the actor just updated.
 
 It is a residual MLP over token embeddings (each position sees only its own token): cheap enough that a whole
 GRPO run fits in minutes on two CPU cores, yet a real differentiable policy whose log-probs, gradients, optimizer
@@ -18,9 +18,12 @@ state and checkpoints are real tensors. ``kv_b_proj`` gives every layer the MLA 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
+
+from r1_ascend.rehearse.cpu_engine import CPUStandInLLM, MLADims
 
 HIDDEN = 32
 NUM_LAYERS = 2
@@ -87,3 +90,20 @@ class TinyPolicy(torch.nn.Module):
             params[name].data.copy_(tensor.to(params[name].dtype))
             loaded.add(name)
         return loaded
+
+
+class TinyPolicyLLM(CPUStandInLLM):
+    """The rollout engine while the actor is a :class:`TinyPolicy`: ``CPUStandInLLM`` (engine shape, offloading
+    lifecycle, sampling, outputs) with a float32 TinyPolicy as the model, so the synced actor weights load by name."""
+
+    def _build_model(self, model_dir: Path, load_format: str, seed: int) -> tuple[torch.nn.Module, MLADims]:
+        self.dtype = torch.float32
+        dims = MLADims(NUM_HEADS, KV_LORA_RANK, QK_NOPE_HEAD_DIM, QK_ROPE_HEAD_DIM, V_HEAD_DIM)
+        return TinyPolicy(int(self.hf_config.vocab_size)), dims
+
+    def _prefill(self, prompts: list[list[int]]) -> tuple[torch.Tensor, Any]:
+        """Each position sees only its own token: the next-token logits depend on the last prompt token alone."""
+        return self.model.logits(torch.tensor([ids[-1] for ids in prompts])), None
+
+    def _next_logits(self, state: Any, sampled: torch.Tensor) -> torch.Tensor:
+        return self.model.logits(sampled)

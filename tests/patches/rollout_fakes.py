@@ -27,15 +27,16 @@ from vllm.model_executor.layers.linear import UnquantizedLinearMethod
 from vllm_ascend.attention.mla_v1 import AscendMLAImpl
 
 from r1_ascend.rehearse import cpu_engine
-from r1_ascend.rehearse.tiny_policy import (
-    KV_LORA_RANK,
-    NUM_HEADS,
-    NUM_LAYERS,
-    QK_NOPE_HEAD_DIM,
-    V_HEAD_DIM,
-)
 
 HIDDEN = 16
+NUM_LAYERS = 2
+#: MLA dimensions of the fake attention (AscendMLAImpl.process_weights_after_loading splits kv_b_proj by them).
+NUM_HEADS = 2
+KV_LORA_RANK = 8
+QK_NOPE_HEAD_DIM = 4
+QK_ROPE_HEAD_DIM = 2
+V_HEAD_DIM = 4
+MLA_DIMS = cpu_engine.MLADims(NUM_HEADS, KV_LORA_RANK, QK_NOPE_HEAD_DIM, QK_ROPE_HEAD_DIM, V_HEAD_DIM)
 BLOCK_SIZE = cpu_engine.BLOCK_SIZE
 DTYPE = torch.float32
 FakeAttention = cpu_engine.Attention
@@ -102,7 +103,7 @@ class FakeModelRunner(cpu_engine.ModelRunner):
     impl_class = RecordingMLAImpl
 
     def __init__(self, model: FakeForCausalLM) -> None:
-        super().__init__(model, DTYPE)
+        super().__init__(model, DTYPE, MLA_DIMS)
         self.received_configs: list[Any] = []
         for attention in self.forward_context.values():  # forget the start-up derivation
             attention.impl.calls.clear()
