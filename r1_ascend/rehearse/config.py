@@ -11,6 +11,7 @@ from pathlib import Path
 
 from r1_ascend import envs
 from r1_ascend.rehearse.inputs import Inputs
+from r1_ascend.rehearse.mcore_cpu import CPU_TRANSFORMER_OVERRIDES
 
 CONFIG_NAME = "grpo_deepseekv3_smoke"
 STANDINS_MODULE = "r1_ascend.rehearse.standins"
@@ -28,6 +29,8 @@ class Plan:
     prompts_per_step: int = 4
     samples_per_prompt: int = 2
     response_length: int = 24
+    actor_ep: int = 2
+    lr: float = 3e-3
 
     @property
     def world(self) -> int:
@@ -38,27 +41,35 @@ def overrides(plan: Plan, inputs: Inputs, out: Path, repo_root: Path) -> list[st
     """Hydra overrides on top of the smoke config (each line: what and why)."""
     world = plan.world
     return [
-        # inputs made by the rehearsal (a tokenizer-bearing model dir; parquet from prepare-data)
+        # inputs made by the rehearsal: the quickstart's converted smoke checkpoint and the toy task
         f"actor_rollout_ref.model.path={inputs.model}",
+        f"actor_rollout_ref.actor.megatron.dist_checkpointing_path={inputs.dist_ckpt}",
         f"data.train_files={inputs.parquet('train')}",
         f"data.val_files={inputs.parquet('val')}",
-        f"custom_reward_function.path={repo_root / 'recipe' / 'deepscaler_reward.py'}",
+        f"custom_reward_function.path={repo_root / 'r1_ascend' / 'rehearse' / 'toy_task.py'}",
         # cluster: NODES x NPUS_PER_NODE fake NPUs instead of one 16-die node
         f"trainer.nnodes={plan.nodes}",
         f"trainer.n_gpus_per_node={plan.npus_per_node}",
-        # layouts that fit the small world: actor DP = world; rollout TP = world (one vLLM DP group, so the DP/EP
-        # groups patch exports VLLM_DP_SIZE=1 and builds no HCCL groups)
+        # layouts that fit the small world: actor EP = world (the alltoall dispatcher over gloo), PP 1; rollout TP =
+        # world (one vLLM DP group, so the DP/EP groups patch exports VLLM_DP_SIZE=1 and builds no HCCL groups)
         "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=1",
-        "actor_rollout_ref.actor.megatron.expert_model_parallel_size=1",
+        f"actor_rollout_ref.actor.megatron.expert_model_parallel_size={plan.actor_ep}",
         "~actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_first_pipeline_stage",
         "~actor_rollout_ref.actor.megatron.override_transformer_config.pipeline_num_transformer_layers",
         f"actor_rollout_ref.rollout.tensor_model_parallel_size={world}",
-        # no Megatron checkpoint to load: the stand-in policy starts from a seeded init (same in actor and ref)
-        "actor_rollout_ref.actor.load_weight=false",
-        "actor_rollout_ref.ref.load_weight=false",
-        "actor_rollout_ref.actor.megatron.use_dist_checkpointing=false",
-        "actor_rollout_ref.ref.megatron.use_dist_checkpointing=false",
-        # host offload moves Megatron DDP buffers that the stand-in model does not have
+        # megatron-core on the CPU: build on the host, no CUDA fusions (r1_ascend.rehearse.mcore_cpu); activation
+        # recompute restores CUDA RNG states, so it is off
+        # (verl's reference config takes the actor's override_transformer_config)
+        *(
+            f"+actor_rollout_ref.actor.megatron.override_transformer_config.{key}={str(value).lower()}"
+            for key, value in CPU_TRANSFORMER_OVERRIDES.items()
+        ),
+        "~actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity",
+        "~actor_rollout_ref.actor.megatron.override_transformer_config.recompute_method",
+        "~actor_rollout_ref.actor.megatron.override_transformer_config.recompute_num_layers",
+        # the toy task learns in a dozen steps at this rate (benchmarks/toy_task_bench.py sized it)
+        f"actor_rollout_ref.actor.optim.lr={plan.lr}",
+        # host offload of parameters and grads: device memory management, nothing to gain on the host
         "actor_rollout_ref.actor.megatron.param_offload=false",
         "actor_rollout_ref.actor.megatron.grad_offload=false",
         "actor_rollout_ref.ref.megatron.param_offload=false",

@@ -1,36 +1,40 @@
-"""The rehearsal's inputs: a model directory (DeepSeek-V3-shaped config + a working tokenizer) and verl parquet.
+"""The rehearsal's inputs: the converted smoke checkpoint (HF BF16 + Megatron dist checkpoint) and the toy task.
 
-DeepSeek-V3's tokenizer cannot be downloaded here, so the model directory gets the quickstart's tiny byte-level
-tokenizer (:mod:`r1_ascend.launch.tiny_tokenizer`: trained on the shipped sample, with DeepSeek's special tokens and
-chat template): what verl's RLHFDataset, the reward and the rollout need is a working ``apply_chat_template`` and
-token ids that decode back to text, not the real vocabulary. The config is the smoke model's tiny BF16 config
-(:func:`r1_ascend.launch.smoke_model.smoke_model_config`) with ``vocab_size`` set to that tokenizer's size. The
-parquet is written by ``r1-ascend prepare-data`` from the shipped sample, as a user would.
+The checkpoint goes through the quickstart's own chain (:mod:`r1_ascend.launch.quickstart`): a synthetic FP8
+checkpoint with the smoke model's DeepSeek-V3 structure, ``convert-weights all`` (FP8 -> BF16 -> config fix ->
+Megatron dist checkpoint), then the tiny byte-level tokenizer with DeepSeek's chat template (DeepSeek-V3's own
+cannot be downloaded here; what verl's dataset, the reward and the rollout need is a working
+``apply_chat_template`` and ids that decode back to text). The actor and the reference load the dist checkpoint
+through verl's ``use_dist_checkpointing``, the rollout engine gets the actor's weights through verl's export: the
+layouts the cluster run depends on are exercised end to end.
+
+The data is the toy task (:mod:`r1_ascend.rehearse.toy_task`): a reward that a random model earns now and then,
+so GRPO has a signal and the reward curve can rise.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from r1_ascend.launch.smoke_model import sample_path, smoke_model_config
+from r1_ascend.launch.smoke_model import smoke_model_config
 
 
 @dataclass(frozen=True)
 class Inputs:
-    model: Path
+    model: Path  # HF BF16 directory with the tokenizer
+    dist_ckpt: Path  # Megatron dist checkpoint converted from it
     data: Path
 
     def parquet(self, split: str) -> Path:
-        """The file ``r1-ascend prepare-data`` writes for ``split`` (train, val)."""
+        """The toy task's parquet for ``split`` (train, val)."""
         return self.data / f"{split}.parquet"
 
 
 def write_model(out: Path) -> Path:
-    """HF model directory: the smoke model's config (BF16, MTP off) sized to the tiny tokenizer, plus the tokenizer."""
+    """A model directory without weights (engine and tokenizer tests): the smoke model's config (BF16, MTP off)
+    sized to the tiny tokenizer, plus the tokenizer."""
     from transformers import AutoTokenizer
 
     from r1_ascend.launch.tiny_tokenizer import MAX_VOCAB, write_tiny_tokenizer
@@ -46,16 +50,21 @@ def write_model(out: Path) -> Path:
     return out
 
 
-def prepare_data(out: Path) -> Path:
-    """``r1-ascend prepare-data`` (train) and ``--val`` (validation) from the shipped sample."""
-    cli = [sys.executable, "-m", "r1_ascend.cli", "prepare-data", "--output-dir", str(out), "--overwrite"]
-    for extra in (["--input", str(sample_path())], ["--val"]):
-        done = subprocess.run([*cli, *extra], capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            msg = f"r1-ascend prepare-data {' '.join(extra)} failed ({done.returncode}): {done.stderr.strip()[-2000:]}"
-            raise RuntimeError(msg)
-    return out
+def make_weights(root: Path) -> tuple[Path, Path]:
+    """FP8 -> BF16 -> Megatron with the quickstart's functions (reused when already there); the tokenizer added."""
+    from r1_ascend.launch.quickstart import add_tokenizer, convert, make_checkpoint
+
+    weights = root / "weights"
+    hf_dir, mcore = weights / "hf-bf16", weights / "mcore"
+    if not (mcore / "metadata.json").is_file() or not (hf_dir / "config.json").is_file():
+        make_checkpoint(root / "fp8", "tiny")
+        convert(root / "fp8", weights)
+    add_tokenizer(hf_dir)
+    return hf_dir, mcore
 
 
 def make_inputs(root: Path) -> Inputs:
-    return Inputs(write_model(root / "model"), prepare_data(root / "data"))
+    from r1_ascend.rehearse.toy_task import write_data
+
+    hf_dir, mcore = make_weights(root)
+    return Inputs(hf_dir, mcore, write_data(root / "data"))

@@ -278,6 +278,7 @@ def _cpu_cuda_namespace() -> types.SimpleNamespace:
         default_stream=lambda *_: _NO_STREAM,
         stream=lambda _stream: contextlib.nullcontext(),
         is_available=lambda: False,
+        synchronize=lambda *_: None,
         amp=torch.cuda.amp,
     )
 
@@ -295,7 +296,7 @@ def _on_cpu(factory: Callable[..., Any]) -> Callable[..., Any]:
 
 
 #: Tensor factories that upstream calls with a literal ``device='cuda'``.
-_FACTORIES = ("tensor", "empty", "zeros", "ones", "full", "arange")
+_FACTORIES = ("tensor", "empty", "zeros", "ones", "full", "arange", "empty_like")
 
 
 class _TorchOnCPU(types.ModuleType):
@@ -328,6 +329,14 @@ CUDA_CALL_MODULES: dict[str, tuple[str, ...]] = {
     "megatron.core.optimizer.clip_grads": ("device='cuda'",),
     "megatron.core.optimizer.grad_scaler": ("device='cuda'",),
     "megatron.core.pipeline_parallel.schedules": ('device="cuda"',),
+    "megatron.core.dist_checkpointing.strategies.filesystem_async": ("torch.cuda.synchronize()",),
+    "megatron.core.dist_checkpointing.strategies.async_utils": (
+        "torch.cuda.synchronize()",
+        "torch.cuda.current_device()",
+    ),
+    "megatron.core.dist_checkpointing.strategies.fully_parallel": ("torch.cuda.synchronize()",),
+    "megatron.core.dist_checkpointing.strategies.state_dict_saver": ("device='cuda'",),
+    "megatron.core.dist_checkpointing.exchange_utils": ("device='cuda'",),
 }
 
 
@@ -406,6 +415,19 @@ REPLACEMENTS: tuple[Replacement, ...] = (
         "megatron/core/optimizer/distrib_optimizer.py:2019 (quantize_param_shard, megatron/core/fp8_utils.py:302)",
         "called after every step, and without Transformer Engine it raises even when there is nothing to cast",
         "a no-op for an empty list of FP8 parameters (BF16/FP32 models have none); otherwise upstream's call",
+    ),
+    Replacement(
+        "torch.cuda.synchronize() and CUDA buffers in dist checkpointing",
+        "megatron/core/dist_checkpointing/strategies/filesystem_async.py:198, async_utils.py:148,195,546, "
+        "fully_parallel.py:269,278, state_dict_saver.py:204, exchange_utils.py:106,112,307",
+        "saving waits for the device before copying tensors to the host; flags and exchange buffers live on CUDA",
+        "no-op synchronisation and host buffers through the module-local torch",
+    ),
+    Replacement(
+        "tensor.cuda() in the shard exchange",
+        "megatron/core/dist_checkpointing/exchange_utils.py:317,478 (through fully_parallel.exchange_by_distribution)",
+        "the fully parallel load moves each loaded shard to the device before broadcasting it to the other ranks",
+        "during the exchange, .cuda() leaves a CPU tensor on the host (gloo broadcasts host tensors)",
     ),
     Replacement(
         "import transformer_engine",
@@ -562,6 +584,42 @@ def _cuda_type_names() -> Any:
         torch.Tensor.type = original
 
 
+@contextlib.contextmanager
+def _cuda_moves_stay_on_host() -> Any:
+    """While dist checkpointing exchanges loaded shards between ranks, ``tensor.cuda()`` (the move to the
+    collective's device) leaves a CPU tensor where it is: gloo communicates host tensors."""
+    original = torch.Tensor.cuda
+
+    def cuda(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self if self.device.type == "cpu" else original(self, *args, **kwargs)
+
+    torch.Tensor.cuda = cuda
+    try:
+        yield
+    finally:
+        torch.Tensor.cuda = original
+
+
+def _install_checkpoint_exchange() -> None:
+    """``FullyParallelLoadStrategyWrapper`` hands loaded shards to ``exchange_by_distribution``, which moves them with
+    ``.cuda()`` (exchange_utils.py:317,478)."""
+    import functools
+
+    import megatron.core.dist_checkpointing.strategies.fully_parallel as fully_parallel
+
+    exchange = fully_parallel.exchange_by_distribution
+    if getattr(exchange, "__r1_ascend_cpu__", False):
+        return
+
+    @functools.wraps(exchange)
+    def exchange_on_host(*args: Any, **kwargs: Any) -> Any:
+        with _cuda_moves_stay_on_host():
+            return exchange(*args, **kwargs)
+
+    exchange_on_host.__r1_ascend_cpu__ = True
+    fully_parallel.exchange_by_distribution = exchange_on_host
+
+
 def _install_distributed_optimizer_type_check() -> None:
     """``DistributedOptimizer._build_model_and_main_param_groups`` accepts only 'torch.cuda.*Tensor' parameters."""
     import functools
@@ -667,6 +725,7 @@ def install() -> None:
     _install_transformer_engine_module()
     _install_cpu_model_placement()
     _install_distributed_optimizer_type_check()
+    _install_checkpoint_exchange()
     _INSTALLED = True
 
 
