@@ -28,11 +28,23 @@ def read_lifecycle(directory: Path) -> list[dict[str, Any]]:
     return sorted(events, key=lambda e: e["t"])
 
 
+#: The rollout methods the stand-ins record (``resume`` with its tags); any other recorded call of them is unknown.
+LIFECYCLE_METHODS = ("release", "resume", "update_weights", "generate")
+
+
 def _by_pid(events: list[dict[str, Any]]) -> dict[int, list[str]]:
+    """Each worker's rollout lifecycle calls in time order (bookkeeping events such as ``load_checkpoint`` left out).
+
+    A recorded rollout call that is not one of :data:`LIFECYCLE_EVENTS` (``resume`` with other tags, say) fails."""
     sequences: dict[int, list[str]] = {}
-    for event in events:
-        if event["event"] in LIFECYCLE_EVENTS:
-            sequences.setdefault(int(event["pid"]), []).append(event["event"])
+    for event in sorted(events, key=lambda e: e["t"]):
+        name = event["event"]
+        if name in LIFECYCLE_EVENTS:
+            sequences.setdefault(int(event["pid"]), []).append(name)
+        elif name.split("(", 1)[0] in LIFECYCLE_METHODS:
+            raise LifecycleError(
+                f"worker pid {event['pid']} recorded {name!r}, expected one of {', '.join(sorted(LIFECYCLE_EVENTS))}"
+            )
     return sequences
 
 
@@ -54,16 +66,71 @@ def check_sequence(sequence: list[str], *, complete: bool) -> int:
     return body.count("generate")
 
 
-def check_lifecycle(events: list[dict[str, Any]], killed_pids: set[int]) -> str:
-    """Check every worker (those of the killed run may end mid-cycle); return a one-line description."""
+def check_lifecycle(events: list[dict[str, Any]], killed_pids: set[int], workers_per_run: int | None = None) -> str:
+    """Check every worker (those of the killed run may end mid-cycle); return a one-line description.
+
+    ``killed_pids``: the processes that had recorded anything when the driver was killed. With ``workers_per_run``,
+    each run (killed, resumed) must have exactly that many rollout workers, which fails a lost worker and a
+    ``killed_pids`` naming every worker (that would excuse them all from ending on a whole cycle). The resumed run's
+    workers must all have generated the same number of times."""
     sequences = _by_pid(events)
     if not sequences:
         raise LifecycleError("no worker recorded a rollout lifecycle event")
-    generations = sum(check_sequence(seq, complete=pid not in killed_pids) for pid, seq in sequences.items())
+    if workers_per_run is not None:
+        killed = sorted(pid for pid in sequences if pid in killed_pids)
+        resumed = sorted(pid for pid in sequences if pid not in killed_pids)
+        if len(killed) != workers_per_run or len(resumed) != workers_per_run:
+            raise LifecycleError(
+                f"expected {workers_per_run} rollout workers in each run, found {len(killed)} in the killed run "
+                f"(pids {killed}) and {len(resumed)} in the resumed run (pids {resumed})"
+            )
+    counts: dict[int, int] = {}
+    for pid, sequence in sequences.items():
+        complete = pid not in killed_pids
+        try:
+            counts[pid] = check_sequence(sequence, complete=complete)
+        except LifecycleError as exc:
+            run = "resumed run, must end after a whole cycle" if complete else "killed run"
+            raise LifecycleError(f"worker pid {pid} ({run}): {exc}") from None
+    finished = {pid: n for pid, n in sorted(counts.items()) if pid not in killed_pids}
+    if len(set(finished.values())) > 1:
+        raise LifecycleError(
+            f"the workers of the resumed run generated different numbers of times (pid: generations {finished}); "
+            f"every worker takes part in every generation, so one stopped early"
+        )
+    generations = sum(counts.values())
     return (
         f"{len(sequences)} workers, {generations} generations, each as "
         f"release -> resume(weights) -> update_weights -> resume(kv_cache) -> generate"
     )
+
+
+def check_checkpoint_loads(events: list[dict[str, Any]], killed_pids: set[int], step: int) -> str:
+    """Every worker of the resumed run loaded the actor checkpoint of ``step`` once, before its first generation;
+    no worker of the killed run (a fresh start) loaded one."""
+    workers = _by_pid(events)
+    loads: dict[int, list[str]] = {pid: [] for pid in workers}
+    generated: set[int] = set()
+    for event in sorted(events, key=lambda e: e["t"]):
+        pid = int(event["pid"])
+        if pid not in workers:
+            continue
+        if event["event"] == "generate":
+            generated.add(pid)
+        elif event["event"] == "load_checkpoint":
+            loads[pid].append(f"step {event.get('step')}" + (" after a generation" if pid in generated else ""))
+    resumed = sorted(pid for pid in workers if pid not in killed_pids)
+    if not resumed:
+        raise LifecycleError("no worker of the resumed run recorded a rollout lifecycle event")
+    for pid in sorted(workers):
+        expected = [] if pid in killed_pids else [f"step {step}"]
+        if loads[pid] != expected:
+            run = "killed run, started fresh" if pid in killed_pids else "resumed run"
+            raise LifecycleError(
+                f"worker pid {pid} ({run}) loaded checkpoints [{', '.join(loads[pid]) or 'none'}], expected "
+                f"[{', '.join(expected) or 'none'}] before its first generation"
+            )
+    return f"{len(resumed)} workers of the resumed run loaded global_step_{step} before generating"
 
 
 def check_preludes(log_texts: list[str], events: list[dict[str, Any]]) -> str:
@@ -73,9 +140,14 @@ def check_preludes(log_texts: list[str], events: list[dict[str, Any]]) -> str:
         for pid, done, already in PRELUDE_LINE.findall(text):
             applied.setdefault(int(pid), set()).update(n for n in f"{done},{already}".split(",") if n != "none")
     workers = sorted(_by_pid(events))
+    if not workers:
+        raise LifecycleError("no worker recorded a rollout lifecycle event, so no prelude line can be matched to one")
     for pid in workers:
         if pid not in applied:
-            raise LifecycleError(f"worker pid {pid} logged no 'r1-ascend overlay' prelude line")
+            raise LifecycleError(
+                f"worker pid {pid} logged no 'r1-ascend overlay (pid {pid}): applied=...' prelude line "
+                f"(lines found for pids {sorted(applied)})"
+            )
         missing = [name for name in REQUIRED_PATCHES if name not in applied[pid]]
         if missing:
             raise LifecycleError(f"worker pid {pid}'s prelude did not apply {', '.join(missing)}")

@@ -6,8 +6,10 @@
 3. run 1: the head execs the recipe's real entry point (verl's run_ppo -> TaskRunner -> RayPPOTrainer.fit); once
    the first checkpoint is saved and the next step has started generating, the driver is killed (SIGKILL);
 4. run 2: the same driver command on the same cluster; verl resumes from the checkpoint (resume_mode=auto);
-5. checks: the rollout lifecycle order on every worker, the overlay prelude's summary line of every worker, the
-   checkpoint layout, the resume step, TensorBoard events; then ``r1-ascend report`` on both logs.
+5. checks (:func:`judge`, pure functions of the logs, records and directories the runs left): every node joined,
+   run 2 resumed from the checkpoint before the killed step and ran the remaining steps, the checkpoint layout,
+   TensorBoard events, validation metrics, the rollout lifecycle order on every worker, the checkpoint each worker
+   loaded, the overlay prelude's summary line of every worker; then ``r1-ascend report`` on both logs.
 
 Every process it starts is recorded and stopped by pid (Ctrl-C included): drivers directly, the Ray nodes through
 ``ray_start_npu.sh stop`` (the pids that script recorded). Wall time and the summed peak RSS of all its processes
@@ -37,7 +39,13 @@ import psutil
 from r1_ascend.rehearse.budget import RssSampler
 from r1_ascend.rehearse.config import Plan, driver_command
 from r1_ascend.rehearse.inputs import make_inputs
-from r1_ascend.rehearse.lifecycle import LifecycleError, check_lifecycle, check_preludes, read_lifecycle
+from r1_ascend.rehearse.lifecycle import (
+    LifecycleError,
+    check_checkpoint_loads,
+    check_lifecycle,
+    check_preludes,
+    read_lifecycle,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "ray_start_npu.sh"
@@ -240,38 +248,102 @@ STEP_LINE = re.compile(r"\bstep:(\d+) - ")
 RESUME_LINE = re.compile(r"Load from checkpoint folder: \S*global_step_(\d+)")
 READY_LINE = re.compile(r"ray cluster ready: (.*); NPU total (\S+)")
 
+# --- verdicts: pure functions of what the run left behind (logs, checkpoint and TensorBoard directories) ----------
 
-def summarise(out: Path, logs: list[Path], plan: Plan, killed_step: int) -> dict[str, object]:
-    texts = [_text(p) for p in logs]
-    ready = READY_LINE.search(texts[0])
+
+def check_joined(head_text: str, plan: Plan, log: Path) -> tuple[str, float]:
+    """Every simulated node joined with its NPUs: the head's ``ray cluster ready`` line names them all.
+
+    Returns the nodes as listed by the line and the NPU total."""
+    ready = READY_LINE.search(head_text)
     if not ready:
-        raise RehearsalError(f"the head never reported a ready cluster; log: {logs[0]}")
+        raise RehearsalError(f"the head never reported a ready cluster ('ray cluster ready: ...'); log: {log}")
+    joined, total = ready.group(1), float(ready.group(2))
+    expected = ", ".join(f"{node_ip(i)} ({plan.npus_per_node} NPU)" for i in range(plan.nodes))
+    if set(joined.split(", ")) != set(expected.split(", ")) or total != plan.world:
+        raise RehearsalError(
+            f"the cluster that joined is {joined} ({total:g} NPUs), expected {expected} ({plan.world} NPUs); log: {log}"
+        )
+    return joined, total
+
+
+def check_resume(texts: list[str], logs: list[Path], plan: Plan, killed_step: int) -> tuple[list[list[int]], int]:
+    """Run 1 started fresh and was killed in ``killed_step``; run 2 loaded the checkpoint of the step before it
+    and ran every remaining step once. Returns the steps each run logged and the step run 2 resumed from."""
     steps = [sorted({int(s) for s in STEP_LINE.findall(t)}) for t in texts]
+    if not steps[0] or steps[0] != list(range(1, steps[0][-1] + 1)):
+        raise RehearsalError(f"run 1 logged steps {steps[0]}, expected 1, 2, ... from a fresh start; log: {logs[0]}")
+    if max(steps[0], default=0) >= killed_step:
+        raise RehearsalError(f"run 1 finished step {killed_step}, it was meant to be killed in it; log: {logs[0]}")
     resumed = RESUME_LINE.findall(texts[1])
     if not resumed:
-        raise RehearsalError(f"the relaunched run did not resume from a checkpoint; log: {logs[1]}")
+        raise RehearsalError(
+            f"the relaunched run did not resume from a checkpoint (no 'Load from checkpoint folder: ...global_step_N' "
+            f"line; it logged steps {steps[1]}); log: {logs[1]}"
+        )
     resumed_from = int(resumed[-1])
+    if resumed_from != killed_step - 1:
+        raise RehearsalError(
+            f"the relaunched run resumed from global_step_{resumed_from}, expected global_step_{killed_step - 1} "
+            f"(the last checkpoint before the kill in step {killed_step}); log: {logs[1]}"
+        )
     expected_after = list(range(resumed_from + 1, plan.total_steps + 1))
     if steps[1] != expected_after:
         raise RehearsalError(f"the resumed run logged steps {steps[1]}, expected {expected_after}; log: {logs[1]}")
-    if max(steps[0], default=0) >= killed_step:
-        raise RehearsalError(f"run 1 finished step {killed_step}, it was meant to be killed in it; log: {logs[0]}")
-    layout = out / "checkpoints" / f"global_step_{resumed_from}"
-    for needed in (layout / "data.pt", *(layout / "actor" / f"rank_{r}.pt" for r in range(plan.world))):
+    return steps, resumed_from
+
+
+def check_checkpoint(checkpoints: Path, step: int, world: int) -> None:
+    """``global_step_<step>`` holds the trainer's ``data.pt`` and one actor file per rank."""
+    layout = checkpoints / f"global_step_{step}"
+    for needed in (layout / "data.pt", *(layout / "actor" / f"rank_{r}.pt" for r in range(world))):
         if not needed.is_file():
-            raise RehearsalError(f"checkpoint layout: {needed} is missing")
-    events = list((out / "tensorboard").rglob("events.out.tfevents.*"))
+            raise RehearsalError(f"checkpoint layout: {needed} is missing (expected data.pt and {world} actor ranks)")
+
+
+def check_tensorboard(directory: Path) -> int:
+    """At least one TensorBoard event file; returns how many."""
+    events = list(directory.rglob("events.out.tfevents.*"))
     if not events:
-        raise RehearsalError(f"no TensorBoard event file under {out / 'tensorboard'}")
+        raise RehearsalError(f"no TensorBoard event file (events.out.tfevents.*) under {directory}")
+    return len(events)
+
+
+def check_validation(texts: list[str], logs: list[Path]) -> None:
+    """verl's validation ran: its ``val-core/...`` metrics are in a step line of one of the run logs."""
     if "val-core/" not in "".join(texts):
-        raise RehearsalError("no validation metrics (val-core/...) in the run logs")
+        raise RehearsalError(f"no validation metrics (val-core/...) in the run logs: {', '.join(map(str, logs))}")
+
+
+def summarise(out: Path, logs: list[Path], plan: Plan, killed_step: int) -> dict[str, object]:
+    texts = [_text(p) for p in logs]
+    joined, npus = check_joined(texts[0], plan, logs[0])
+    steps, resumed_from = check_resume(texts, logs, plan, killed_step)
+    check_checkpoint(out / "checkpoints", resumed_from, plan.world)
+    check_tensorboard(out / "tensorboard")
+    check_validation(texts, logs)
     return {
-        "nodes_joined": ready.group(1),
-        "npus_seen": float(ready.group(2)),
+        "nodes_joined": joined,
+        "npus_seen": npus,
         "steps_run": {"run 1 (killed)": steps[0], "run 2 (resumed)": steps[1]},
         "killed_in_step": killed_step,
         "resumed_from_step": resumed_from,
     }
+
+
+def judge(out: Path, logs: list[Path], plan: Plan, killed_step: int, killed_pids: set[int]) -> dict[str, object]:
+    """Every verdict on a finished rehearsal, from what it left under ``out``; raises on the first that fails.
+
+    ``killed_pids``: the processes that had written a lifecycle record when the driver of run 1 was killed."""
+    summary = summarise(out, logs, plan, killed_step)
+    events = read_lifecycle(out / "lifecycle")
+    try:
+        summary["lifecycle"] = check_lifecycle(events, killed_pids, workers_per_run=plan.world)
+        summary["checkpoint_loads"] = check_checkpoint_loads(events, killed_pids, summary["resumed_from_step"])
+        summary["preludes"] = check_preludes([_text(p) for p in logs], events)
+    except LifecycleError as exc:
+        raise LifecycleError(f"{exc}; records: {out / 'lifecycle'}, logs: {logs[0]}, {logs[1]}") from exc
+    return summary
 
 
 #: A Ray log-forwarding prefix naming a node IP, e.g. "(WorkerDict pid=12, ip=127.0.0.3)", colour codes optional.
@@ -328,11 +400,9 @@ def rehearse(out: Path, plan: Plan, sampler: RssSampler) -> dict[str, object]:
     finally:
         _log("stopping the drivers and the Ray nodes (recorded pids)")
         stop_cluster(cluster)
-    summary = summarise(out, logs, plan, killed_step)
+    summary = judge(out, logs, plan, killed_step, killed_pids)
     summary["ray_temp_dir"] = temp_dir
     summary["netns"] = netns
-    summary["lifecycle"] = check_lifecycle(read_lifecycle(out / "lifecycle"), killed_pids)
-    summary["preludes"] = check_preludes([_text(p) for p in logs], read_lifecycle(out / "lifecycle"))
     summary["report"] = str(run_report(out, logs))
     return summary
 
@@ -384,6 +454,7 @@ def print_summary(summary: dict[str, object]) -> None:
     print(f"  resumed from step: {summary['resumed_from_step']}")
     print(f"  rollout lifecycle: {summary['lifecycle']}")
     print(f"  overlay preludes:  {summary['preludes']}")
+    print(f"  checkpoint loads:  {summary['checkpoint_loads']}")
     print(f"  report:            {summary['report']}")
     print(
         f"  wall time:         {summary['wall_s']} s; summed peak RSS {summary['peak_rss_gib']} GiB over "
