@@ -129,6 +129,7 @@ PATCHES: tuple[PatchSpec, ...] = (
             Target(_TRAINER, "RayPPOTrainer.init_workers", "verl", params=("self",)),
             Target(_ACTOR, "MegatronPPOActor.forward_backward_batch", "verl", params=_FORWARD_BACKWARD_PARAMS),
             Target(_ACTOR, "get_policy_loss_fn", "verl", params=("name",)),
+            Target("verl.utils.tracking", "Tracking.log", "verl", params=("self", "data", "step", "backend")),
         ),
         requires=MappingProxyType({"verl": "0.6.1"}),
         processes=("driver", "worker"),

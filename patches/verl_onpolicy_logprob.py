@@ -4,7 +4,8 @@ Target:
 driver — verl.trainer.ppo.ray_trainer.RayPPOTrainer.init_workers (afterwards the trainer's actor worker
 group answers compute_log_prob without running it); worker — verl.workers.actor.megatron_actor
 MegatronPPOActor.forward_backward_batch (marks an on-policy update) and the module-level name get_policy_loss_fn
-that its inner loss_func looks up at call time (the policy loss then gets log_prob.detach() as old_log_prob).
+that its inner loss_func looks up at call time (the policy loss then gets log_prob.detach() as old_log_prob);
+driver — verl.utils.tracking.Tracking.log (leaves out the NaN metrics verl derives from the skipped pass).
 
 Upstream:
 verl 0.6.1 (RayPPOTrainer.fit's "old_log_prob" stage; megatron_actor's loss_func reading
@@ -36,8 +37,10 @@ the workers. On the worker, forward_backward_batch sees the marker, checks ppo_e
 times the data-parallel size is that batch size, and within the update the policy loss receives
 old_log_prob = log_prob.detach() (pg_clipfrac and ppo_kl are 0 by construction; actor/onpolicy_shortcut = 1 is
 logged). A placeholder reaching a stock loss makes the loss NaN, so a half-applied overlay fails loudly.
-Lost metric: actor/entropy comes from the skipped pass and is logged as NaN (not measured); computing it in the
-update would keep the vocabulary-wide entropy in the backward graph at 671B scale.
+Lost metrics: actor/entropy and verl's training/rollout_probs_diff_* / rollout_actor_probs_pearson_corr come from
+the skipped pass; while the shortcut is on, the driver's Tracking.log leaves them out (only when they are NaN, as
+the placeholders make them) instead of logging NaN. Computing the entropy in the update would keep the
+vocabulary-wide entropy in the backward graph at 671B scale; the rollout guard measures the rollout/actor gap.
 
 Upstream fix:
 none at verl 0.6.1. verl's rollout_correction.bypass_mode skips the pass but uses the rollout
@@ -79,16 +82,21 @@ CONFIG_KEY = "r1_ascend.onpolicy_logprob_shortcut"
 MARKER = "r1_ascend_onpolicy_batch_size"
 #: Metric logged by the actor when the shortcut was used for an update.
 METRIC = "actor/onpolicy_shortcut"
+#: Metrics verl derives from the skipped pass's outputs (the NaN placeholders): not logged while the shortcut is on.
+PLACEHOLDER_METRICS = ("actor/entropy", "training/rollout_probs_diff_", "training/rollout_actor_probs_pearson_corr")
 #: rollout_correction settings with which verl's driver reads old log-probs (given rollout log-probs) before the update.
 READS_OLD_LOG_PROBS = ("rollout_is", "rollout_rs", "rollout_token_veto_threshold")
 
 _active: contextvars.ContextVar[bool] = contextvars.ContextVar("r1_ascend_onpolicy_update", default=False)
+#: Set on the driver when the shortcut was enabled for the trainer (the placeholders are in use).
+_shortcut_on: contextvars.ContextVar[bool] = contextvars.ContextVar("r1_ascend_onpolicy_driver", default=False)
 
 
 def apply(spec: PatchSpec) -> None:
     install(spec.name, spec.target("RayPPOTrainer.init_workers"), _build_init_workers)
     install(spec.name, spec.target("MegatronPPOActor.forward_backward_batch"), _build_forward_backward_batch)
     install(spec.name, spec.target("get_policy_loss_fn"), _build_get_policy_loss_fn)
+    install(spec.name, spec.target("Tracking.log"), _build_tracking_log)
 
 
 # --- the decision (driver) ----------------------------------------------------------------------------------------
@@ -172,11 +180,28 @@ def enable_driver_shortcut(trainer: Any) -> bool:
         return False
     temperature = trainer.config.actor_rollout_ref.rollout.temperature
     trainer.actor_rollout_wg.compute_log_prob = PlaceholderLogProb(temperature)
+    _shortcut_on.set(True)
     logger.warning(
-        "patch %s: exactly on-policy update; the old-log-prob pass is skipped and actor/entropy is logged as NaN",
-        NAME,
+        "patch %s: exactly on-policy update; the old-log-prob pass is skipped and actor/entropy is not logged", NAME
     )
     return True
+
+
+def _placeholder_metric(name: str, value: Any) -> bool:
+    import math
+
+    is_nan = isinstance(value, float) and math.isnan(value)
+    return is_nan and any(name == p or (p.endswith("_") and name.startswith(p)) for p in PLACEHOLDER_METRICS)
+
+
+def _build_tracking_log(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def log(self: Any, data: Any, step: Any, backend: Any = None) -> Any:
+        if _shortcut_on.get() and isinstance(data, dict):
+            data = {k: v for k, v in data.items() if not _placeholder_metric(k, v)}
+        return original(self, data, step, backend)
+
+    return log
 
 
 # --- worker: the actor update --------------------------------------------------------------------------------------

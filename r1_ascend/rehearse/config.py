@@ -23,14 +23,16 @@ class Plan:
 
     nodes: int = 2
     npus_per_node: int = 1
-    total_steps: int = 4
-    save_freq: int = 2
-    test_freq: int = 2
-    prompts_per_step: int = 4
-    samples_per_prompt: int = 2
-    response_length: int = 24
+    total_steps: int = 12
+    save_freq: int = 6
+    test_freq: int = 6
+    prompts_per_step: int = 8
+    samples_per_prompt: int = 4
+    response_length: int = 8
     actor_ep: int = 2
     lr: float = 3e-3
+    #: the mean reward of the last 3 steps must exceed that of the first 3 by this much (None: not checked)
+    min_reward_rise: float | None = 0.25
 
     @property
     def world(self) -> int:
@@ -76,9 +78,10 @@ def overrides(plan: Plan, inputs: Inputs, out: Path, repo_root: Path) -> list[st
         # minutes, not hours: a small batch, short responses, a few steps
         f"data.train_batch_size={plan.prompts_per_step}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={plan.prompts_per_step}",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
+        "actor_rollout_ref.rollout.val_kwargs.n=2",
         f"actor_rollout_ref.rollout.n={plan.samples_per_prompt}",
         f"data.max_response_length={plan.response_length}",
         "data.val_max_samples=4",

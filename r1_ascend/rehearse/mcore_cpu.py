@@ -430,6 +430,23 @@ REPLACEMENTS: tuple[Replacement, ...] = (
         "during the exchange, .cuda() leaves a CPU tensor on the host (gloo broadcasts host tensors)",
     ),
     Replacement(
+        "_write_item's arguments (torch version, not a device call)",
+        "megatron/core/dist_checkpointing/strategies/filesystem_async.py:320,326",
+        "megatron-core 0.12.1 calls torch 2.5's _write_item; the CPU environment's torch 2.13 adds an argument",
+        "a wrapper passing SerializationFormat.TORCH_SAVE, what torch 2.5 writes; not installed under torch 2.5.1",
+    ),
+    Replacement(
+        "Adam state without 'step' (TE/Apex fallback)",
+        "megatron/core/optimizer/__init__.py:354 (init_state_fn), distrib_optimizer.py:604-606 (state_dict), "
+        ":876-878 and :1437 (load_parameter_state_from_fs_model_space)",
+        "without TE or Apex (CUDA libraries) torch's Adam keeps 'step' per parameter; the states created before a "
+        "checkpoint load lack it and the distributed optimizer's state_dict reads it",
+        "states created by init_state_fn get torch's initial step (0), and state_dict before the first step creates "
+        "them (as Adam's first step would); the loaded checkpoint then sets them, and the per-parameter copy on load "
+        "keeps the step load_state_dict set (distrib_optimizer.py:876-878 copies every state key, the loaded "
+        "tensors leave 'step' out at :1437)",
+    ),
+    Replacement(
         "import transformer_engine",
         "verl/utils/checkpoint/megatron_checkpoint_manager.py:300",
         "verl registers TE's FusedAdam as a safe global before every checkpoint load",
@@ -620,6 +637,85 @@ def _install_checkpoint_exchange() -> None:
     fully_parallel.exchange_by_distribution = exchange_on_host
 
 
+def _install_write_item_signature() -> None:
+    """megatron-core 0.12.1 calls ``torch.distributed.checkpoint.filesystem._write_item`` with torch 2.5's arguments;
+    the CPU environment's newer torch also wants ``serialization_format``, whose default is what 2.5 always wrote."""
+    import functools
+
+    import megatron.core.dist_checkpointing.strategies.filesystem_async as filesystem_async
+    from torch.distributed.checkpoint import filesystem
+
+    write_item = filesystem._write_item
+    if "serialization_format" not in inspect.signature(write_item).parameters:
+        return  # torch 2.5.1, as on the cluster: nothing to adapt
+    if getattr(filesystem_async._write_item, "__r1_ascend_cpu__", False):
+        return
+
+    @functools.wraps(write_item)
+    def write_item_torch_save(*args: Any) -> Any:
+        return write_item(*args, filesystem.SerializationFormat.TORCH_SAVE)
+
+    write_item_torch_save.__r1_ascend_cpu__ = True
+    filesystem_async._write_item = write_item_torch_save
+
+
+def _install_optimizer_state_step() -> None:
+    """Without TE or Apex (CUDA libraries), megatron-core runs torch's Adam, whose per-parameter state holds the
+    ``step``; the state ``init_state_fn`` creates before loading a checkpoint lacks it, and the distributed
+    optimizer's ``state_dict`` (distrib_optimizer.py:604-606) reads it. New states get torch's initial ``step``."""
+    import functools
+
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    init = DistributedOptimizer.__init__
+    if getattr(init, "__r1_ascend_cpu__", False):
+        return
+
+    @functools.wraps(init)
+    def init_with_step(
+        self: Any, optimizer: Any, config: Any, grad_scaler: Any, init_state_fn: Any, *args: Any, **kwargs: Any
+    ) -> None:
+        if init_state_fn is not None:
+            upstream_init_state = init_state_fn
+
+            def init_state_fn(opt: Any, config: Any = None) -> None:
+                upstream_init_state(opt, config)
+                for state in opt.state.values():
+                    state.setdefault("step", torch.tensor(0.0))
+
+        init(self, optimizer, config, grad_scaler, init_state_fn, *args, **kwargs)
+
+    init_with_step.__r1_ascend_cpu__ = True
+    DistributedOptimizer.__init__ = init_with_step
+
+    state_dict = DistributedOptimizer.state_dict
+
+    @functools.wraps(state_dict)
+    def state_dict_with_step(self: Any) -> Any:
+        if not self.optimizer.state and self.init_state_fn is not None:  # before the first step (a resume's load)
+            self.init_state_fn(self.optimizer, self.config)
+        return state_dict(self)
+
+    DistributedOptimizer.state_dict = state_dict_with_step
+
+    set_states = DistributedOptimizer._set_main_param_and_optimizer_states
+
+    @functools.wraps(set_states)
+    def set_states_keeping_step(self: Any, model_param: Any, tensors: dict[str, Any]) -> Any:
+        """``load_state_dict`` put the checkpoint's 'step' into every Adam state; the per-parameter tensors read
+        from the checkpoint leave it out (distrib_optimizer.py:1437), and the copy loop (:876-878) wants every key
+        of the state: the step already set is kept."""
+        if "step" not in tensors and not self.config.use_precision_aware_optimizer:
+            group_index, group_order = self.model_param_group_index_map[model_param]
+            main_param = self.optimizer.param_groups[group_index]["params"][group_order]
+            step = self.optimizer.state[main_param].get("step")
+            if step is not None:
+                tensors = {**tensors, "step": step.clone()}
+        return set_states(self, model_param, tensors)
+
+    DistributedOptimizer._set_main_param_and_optimizer_states = set_states_keeping_step
+
+
 def _install_distributed_optimizer_type_check() -> None:
     """``DistributedOptimizer._build_model_and_main_param_groups`` accepts only 'torch.cuda.*Tensor' parameters."""
     import functools
@@ -726,6 +822,8 @@ def install() -> None:
     _install_cpu_model_placement()
     _install_distributed_optimizer_type_check()
     _install_checkpoint_exchange()
+    _install_write_item_signature()
+    _install_optimizer_state_step()
     _INSTALLED = True
 
 

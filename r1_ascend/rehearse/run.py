@@ -36,6 +36,7 @@ from pathlib import Path
 
 import psutil
 
+from r1_ascend.rehearse import training
 from r1_ascend.rehearse.budget import RssSampler
 from r1_ascend.rehearse.config import Plan, driver_command
 from r1_ascend.rehearse.inputs import make_inputs
@@ -294,11 +295,16 @@ def check_resume(texts: list[str], logs: list[Path], plan: Plan, killed_step: in
 
 
 def check_checkpoint(checkpoints: Path, step: int, world: int) -> None:
-    """``global_step_<step>`` holds the trainer's ``data.pt`` and one actor file per rank."""
+    """``global_step_<step>`` holds the trainer's ``data.pt`` and verl's Megatron dist checkpoint of the actor
+    (``actor/dist_ckpt``: metadata, the common state and a ``__<rank>_*.distcp`` shard file from every rank)."""
     layout = checkpoints / f"global_step_{step}"
-    for needed in (layout / "data.pt", *(layout / "actor" / f"rank_{r}.pt" for r in range(world))):
+    dist_ckpt = layout / "actor" / "dist_ckpt"
+    for needed in (layout / "data.pt", dist_ckpt / "metadata.json", dist_ckpt / ".metadata", dist_ckpt / "common.pt"):
         if not needed.is_file():
-            raise RehearsalError(f"checkpoint layout: {needed} is missing (expected data.pt and {world} actor ranks)")
+            raise RehearsalError(f"checkpoint layout: {needed} is missing (expected data.pt and a dist checkpoint)")
+    for rank in range(world):
+        if not list(dist_ckpt.glob(f"__{rank}_*.distcp")):
+            raise RehearsalError(f"checkpoint layout: rank {rank} wrote no shard (__{rank}_*.distcp) in {dist_ckpt}")
 
 
 def check_tensorboard(directory: Path) -> int:
@@ -322,12 +328,36 @@ def summarise(out: Path, logs: list[Path], plan: Plan, killed_step: int) -> dict
     check_checkpoint(out / "checkpoints", resumed_from, plan.world)
     check_tensorboard(out / "tensorboard")
     check_validation(texts, logs)
+    metrics = training.step_metrics(logs)
+    training.check_finite(metrics, logs)
+    training.check_gradients(metrics)
+    curve = training.reward_curve(metrics)
+    if plan.min_reward_rise is not None:
+        training.check_learning(curve, plan.min_reward_rise)
     return {
         "nodes_joined": joined,
         "npus_seen": npus,
         "steps_run": {"run 1 (killed)": steps[0], "run 2 (resumed)": steps[1]},
         "killed_in_step": killed_step,
         "resumed_from_step": resumed_from,
+        "reward": {"first": round(curve.first, 3), "last": round(curve.last, 3), "window": curve.window},
+        "reward_curve": {step: round(value, 4) for step, value in curve.rewards.items()},
+        "rollout_actor_gap_max": training.max_gap(metrics),
+    }
+
+
+def model_summary(events: list[dict[str, object]]) -> dict[str, object]:
+    """The actor's model class, its parameters (summed over one expert-parallel group) and layout, from the
+    workers' ``model`` records."""
+    models = [e for e in events if e.get("event") == "model"]
+    if not models:
+        raise RehearsalError("no worker recorded the model it built (stand-ins not installed?)")
+    first = models[0]
+    per_ep_rank = {int(e["ep_rank"]): int(e["parameters"]) for e in models if e["cls"] == first["cls"]}
+    return {
+        "class": first["cls"],
+        "parameters_per_rank": sorted(set(per_ep_rank.values())),
+        "layout": {key: first[key] for key in ("tp", "ep", "pp", "dp")},
     }
 
 
@@ -337,6 +367,7 @@ def judge(out: Path, logs: list[Path], plan: Plan, killed_step: int, killed_pids
     ``killed_pids``: the processes that had written a lifecycle record when the driver of run 1 was killed."""
     summary = summarise(out, logs, plan, killed_step)
     events = read_lifecycle(out / "lifecycle")
+    summary["model"] = model_summary(events)
     try:
         summary["lifecycle"] = check_lifecycle(events, killed_pids, workers_per_run=plan.world)
         summary["checkpoint_loads"] = check_checkpoint_loads(events, killed_pids, summary["resumed_from_step"])
@@ -430,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             print("rehearse: interrupted; everything it started has been stopped", file=sys.stderr)
             return 130
-        except RehearsalError as exc:
+        except (RehearsalError, training.TrainingError) as exc:
             print(f"rehearse: failed: {exc}", file=sys.stderr)
             return 1
     summary["wall_s"] = round(time.monotonic() - start, 1)
@@ -455,6 +486,19 @@ def print_summary(summary: dict[str, object]) -> None:
     print(f"  rollout lifecycle: {summary['lifecycle']}")
     print(f"  overlay preludes:  {summary['preludes']}")
     print(f"  checkpoint loads:  {summary['checkpoint_loads']}")
+    model = summary["model"]
+    assert isinstance(model, dict)
+    layout = ", ".join(f"{k.upper()} {v}" for k, v in model["layout"].items())
+    print(f"  actor model:       {model['class']}, {model['parameters_per_rank']} parameters per rank; {layout}")
+    reward = summary["reward"]
+    assert isinstance(reward, dict)
+    curve = summary["reward_curve"]
+    assert isinstance(curve, dict)
+    print(
+        f"  reward:            {reward['first']:.3f} over the first {reward['window']} steps -> {reward['last']:.3f} "
+        f"over the last {reward['window']} ({len(curve)} steps: {', '.join(f'{v:.2f}' for v in curve.values())})"
+    )
+    print(f"  rollout-actor gap: {summary['rollout_actor_gap_max']:.2e} nat (largest step mean |Δ log-prob|)")
     print(f"  report:            {summary['report']}")
     print(
         f"  wall time:         {summary['wall_s']} s; summed peak RSS {summary['peak_rss_gib']} GiB over "

@@ -157,6 +157,36 @@ def _record_checkpoint_loads() -> None:
     MegatronCheckpointManager.load_checkpoint = load_checkpoint
 
 
+def _record_models() -> None:
+    """The model class, its parameters on this rank and the parallel layout, each time verl builds a model."""
+    import verl.utils.megatron_utils as megatron_utils
+
+    make = megatron_utils.make_megatron_module
+    if getattr(make, "__r1_rehearse__", False):
+        return
+
+    @functools.wraps(make)
+    def make_megatron_module(*args: Any, **kwargs: Any) -> Any:
+        from megatron.core import parallel_state as mpu
+
+        chunks = make(*args, **kwargs)
+        inner = megatron_utils.unwrap_model(chunks[0])
+        _record(
+            "model",
+            cls=f"{type(inner).__module__}.{type(inner).__qualname__}",
+            parameters=sum(p.numel() for chunk in chunks for p in chunk.parameters()),
+            tp=mpu.get_tensor_model_parallel_world_size(),
+            ep=mpu.get_expert_model_parallel_world_size(),
+            pp=mpu.get_pipeline_model_parallel_world_size(),
+            dp=mpu.get_data_parallel_world_size(),
+            ep_rank=mpu.get_expert_model_parallel_rank(),
+        )
+        return chunks
+
+    make_megatron_module.__r1_rehearse__ = True
+    megatron_utils.make_megatron_module = make_megatron_module
+
+
 # --- install ------------------------------------------------------------------------------------------------------
 
 
@@ -175,6 +205,7 @@ def install() -> None:
     vllm_rollout_spmd.LLM = CPUStandInLLM
     _record_lifecycle()
     _record_checkpoint_loads()
+    _record_models()
     _record("stand-ins installed")
 
 

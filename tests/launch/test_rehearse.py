@@ -132,10 +132,15 @@ def test_rehearsal_config_composes_and_passes_the_recipe_checks(tmp_path: Path) 
     from r1_ascend.rehearse.inputs import Inputs
 
     plan = Plan()
-    inputs = Inputs(tmp_path / "model", tmp_path / "data")
+    inputs = Inputs(tmp_path / "model", tmp_path / "mcore", tmp_path / "data")
     with initialize_config_dir(CONFIG_DIR, version_base=None):
         config = compose(CONFIG_NAME, overrides=overrides(plan, inputs, tmp_path, Path.cwd()))
     assert config.trainer.nnodes * config.trainer.n_gpus_per_node == plan.world
+    megatron = config.actor_rollout_ref.actor.megatron
+    assert megatron.use_dist_checkpointing and megatron.dist_checkpointing_path == str(inputs.dist_ckpt)
+    assert config.actor_rollout_ref.ref.megatron.dist_checkpointing_path == str(inputs.dist_ckpt)
+    assert megatron.expert_model_parallel_size == plan.actor_ep
+    assert megatron.override_transformer_config.use_cpu_initialization
     assert config.actor_rollout_ref.rollout.tensor_model_parallel_size == plan.world
     assert config.trainer.resume_mode == "auto"
     assert config.trainer.save_freq < config.trainer.total_training_steps

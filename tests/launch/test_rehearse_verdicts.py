@@ -46,13 +46,19 @@ class Recorded:
     run1: str
     run2: str
     records: dict[int, list[dict]]  # pid -> its lifecycle-<pid>.log lines
-    checkpoint_files: tuple[str, ...] = (
-        "global_step_2/data.pt",
-        "global_step_2/actor/rank_0.pt",
-        "global_step_2/actor/rank_1.pt",
-        "global_step_4/data.pt",
-        "global_step_4/actor/rank_0.pt",
-        "global_step_4/actor/rank_1.pt",
+    checkpoint_files: tuple[str, ...] = tuple(
+        f"global_step_{step}/{name}"
+        for step in (2, 4)
+        for name in (
+            "data.pt",
+            "actor/dist_ckpt/metadata.json",
+            "actor/dist_ckpt/.metadata",
+            "actor/dist_ckpt/common.pt",
+            "actor/dist_ckpt/__0_0.distcp",
+            "actor/dist_ckpt/__0_1.distcp",
+            "actor/dist_ckpt/__1_0.distcp",
+            "actor/dist_ckpt/__1_1.distcp",
+        )
     )
     tensorboard_files: tuple[str, ...] = ("events.out.tfevents.1795632823.vm.22661.0",)
     killed_pids: frozenset[int] = KILLED_PIDS
@@ -226,12 +232,15 @@ CASES: tuple[Case, ...] = (
     ),
     # --- checkpoint layout, TensorBoard, validation ---
     Case(
-        "resumed from a partial checkpoint (a rank's actor file missing)",
+        "resumed from a partial checkpoint (a rank's shards missing)",
         replace(
-            HEALTHY, checkpoint_files=tuple(f for f in HEALTHY.checkpoint_files if f != "global_step_2/actor/rank_1.pt")
+            HEALTHY,
+            checkpoint_files=tuple(
+                f for f in HEALTHY.checkpoint_files if not f.startswith("global_step_2/actor/dist_ckpt/__1_")
+            ),
         ),
         RehearsalError,
-        r"global_step_2/actor/rank_1\.pt is missing",
+        r"rank 1 wrote no shard .* in .*global_step_2/actor/dist_ckpt",
     ),
     Case(
         "resumed from a partial checkpoint (no data.pt)",
@@ -479,9 +488,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "checkpoint layout checks rank 0 only",
         run,
         "check_checkpoint",
-        '*(layout / "actor" / f"rank_{r}.pt" for r in range(world))',
-        '*(layout / "actor" / f"rank_{r}.pt" for r in range(1))',
-        ("resumed from a partial checkpoint (a rank's actor file missing)",),
+        "for rank in range(world):",
+        "for rank in range(1):",
+        ("resumed from a partial checkpoint (a rank's shards missing)",),
     ),
     Mutant(
         "checkpoint layout not checked",

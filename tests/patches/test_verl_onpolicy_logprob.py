@@ -173,6 +173,55 @@ def test_on_policy_trainer_skips_the_old_log_prob_pass(
     assert entropy != entropy  # NaN: not measured under the shortcut
 
 
+class RecordingBackend:
+    def __init__(self) -> None:
+        self.logged: list[dict[str, Any]] = []
+
+    def log(self, data: dict[str, Any], step: int) -> None:
+        self.logged.append(dict(data))
+
+
+def _tracking_with_recorder() -> tuple[Any, RecordingBackend]:
+    from verl.utils.tracking import Tracking
+
+    tracking = object.__new__(Tracking)
+    backend = RecordingBackend()
+    tracking.logger = {"console": backend}
+    return tracking, backend
+
+
+def test_metrics_of_the_skipped_pass_are_not_logged_as_nan(
+    trainer_with_stub_init: type, on_policy_config: DictConfig
+) -> None:
+    """verl derives actor/entropy and training/rollout_probs_diff_* from the placeholders: with the shortcut on,
+    the NaN they become is left out of the log; measured values and any other NaN metric are still logged."""
+    from r1_ascend.patches.verl_onpolicy_logprob import _shortcut_on
+
+    nan = float("nan")
+    metrics = {
+        "actor/entropy": nan,
+        "training/rollout_probs_diff_max": nan,
+        "training/rollout_actor_probs_pearson_corr": nan,
+        "actor/pg_loss": nan,
+        "critic/score/mean": 0.5,
+    }
+    apply_one(SPEC)
+    token = _shortcut_on.set(False)
+    try:
+        tracking, backend = _tracking_with_recorder()
+        tracking.log(data=dict(metrics), step=1)
+        assert set(backend.logged[-1]) == set(metrics)  # not enabled for a trainer: nothing filtered
+        trainer = object.__new__(trainer_with_stub_init)
+        trainer.config = on_policy_config
+        trainer.init_workers()
+        tracking.log(data=dict(metrics), step=2)
+        assert set(backend.logged[-1]) == {"actor/pg_loss", "critic/score/mean"}
+        tracking.log(data={"actor/entropy": 1.5}, step=3)
+        assert backend.logged[-1] == {"actor/entropy": 1.5}
+    finally:
+        _shortcut_on.reset(token)
+
+
 @pytest.mark.parametrize(
     "override", ["actor_rollout_ref.actor.ppo_epochs=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2"]
 )

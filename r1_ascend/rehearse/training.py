@@ -1,0 +1,93 @@
+"""What the rehearsal's run learned, read from verl's console logs: the reward curve, the rollout-actor gap, and
+every logged metric checked for NaN.
+
+A rehearsal that runs but does not train proves the control flow only. These verdicts make it prove the model
+path: a reward that rises over the run, gradients that flow, no metric that is NaN (a NaN hides a broken loss or
+a broken log-prob as well as it hides a missing one), and the rollout's log-probs close to the actor's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from r1_ascend.report.console import parse_console_file
+
+REWARD = "critic/score/mean"
+GRAD_NORM = "actor/grad_norm"
+GAP = "rollout_guard/log_prob_abs_diff_mean"
+
+
+class TrainingError(RuntimeError):
+    """The run did not train as expected; the message names the metric, the step and the log."""
+
+
+def step_metrics(logs: list[Path]) -> dict[int, dict[str, float]]:
+    """Each step's metrics; a step logged by a later run (after a resume) replaces the earlier one."""
+    steps: dict[int, dict[str, float]] = {}
+    for log in logs:
+        for record in parse_console_file(log).records:
+            steps[record.step] = dict(record.metrics)
+    return dict(sorted(steps.items()))
+
+
+def check_finite(steps: dict[int, dict[str, float]], logs: list[Path]) -> None:
+    """No logged metric is NaN or infinite."""
+    bad = [
+        (step, name) for step, metrics in steps.items() for name, value in metrics.items() if not math.isfinite(value)
+    ]
+    if bad:
+        shown = ", ".join(f"{name} at step {step}" for step, name in bad[:8])
+        more = f" (+{len(bad) - 8} more)" if len(bad) > 8 else ""
+        raise TrainingError(f"non-finite metrics: {shown}{more}; logs: {', '.join(map(str, logs))}")
+
+
+@dataclass(frozen=True)
+class Curve:
+    """The reward per step and the means the rehearsal's learning verdict compares."""
+
+    rewards: dict[int, float]
+    window: int
+
+    @property
+    def first(self) -> float:
+        values = list(self.rewards.values())[: self.window]
+        return sum(values) / len(values)
+
+    @property
+    def last(self) -> float:
+        values = list(self.rewards.values())[-self.window :]
+        return sum(values) / len(values)
+
+
+def reward_curve(steps: dict[int, dict[str, float]], window: int = 3) -> Curve:
+    missing = [step for step, metrics in steps.items() if REWARD not in metrics]
+    if missing or not steps:
+        raise TrainingError(f"{REWARD} is missing at steps {missing or 'all'}")
+    return Curve({step: metrics[REWARD] for step, metrics in steps.items()}, min(window, len(steps)))
+
+
+def check_learning(curve: Curve, min_rise: float) -> None:
+    """The mean reward of the last ``window`` steps exceeds that of the first by at least ``min_rise``."""
+    if curve.last - curve.first < min_rise:
+        raise TrainingError(
+            f"the reward did not rise: mean {curve.first:.3f} over the first {curve.window} steps, {curve.last:.3f} "
+            f"over the last {curve.window} (needed +{min_rise}); curve: "
+            + ", ".join(f"{step}: {value:.2f}" for step, value in curve.rewards.items())
+        )
+
+
+def check_gradients(steps: dict[int, dict[str, float]]) -> None:
+    """Gradients flowed: the actor's grad norm is positive at some step (all-zero advantages give exactly 0)."""
+    norms = [metrics.get(GRAD_NORM, 0.0) for metrics in steps.values()]
+    if not any(norm > 0 for norm in norms):
+        raise TrainingError(f"{GRAD_NORM} is 0 at every step: no advantage was non-zero, nothing was learned")
+
+
+def max_gap(steps: dict[int, dict[str, float]]) -> float:
+    """The largest per-step mean |rollout - actor| log-prob difference (nats) the rollout guard logged."""
+    gaps = [metrics[GAP] for metrics in steps.values() if GAP in metrics]
+    if not gaps:
+        raise TrainingError(f"{GAP} was never logged: the rollout guard did not measure the rollout")
+    return max(gaps)
