@@ -30,6 +30,18 @@ def _title(proc: psutil.Process) -> str:
     return f"{first} {script}".strip()
 
 
+def _pss(pid: int, fallback: int) -> int:
+    """The process's proportional set size from /proc/PID/smaps_rollup (cheap, Linux >= 4.14), else ``fallback``."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return fallback
+
+
 class RssSampler:
     def __init__(self, interval: float = 0.5) -> None:
         self.interval = interval
@@ -37,6 +49,9 @@ class RssSampler:
         self.names: dict[tuple[int, float], str] = {}  # (pid, create_time) -> process title, for the breakdown
         self.markers: list[str] = []
         self.concurrent_peak = 0  # largest sum of RSS over the processes alive in one sample
+        #: largest sum of PSS in one sample: memory actually in use, with pages shared between processes (forked
+        #: checkpoint writers, Ray workers' shared libraries) counted once instead of once per process
+        self.concurrent_peak_pss = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
 
@@ -56,7 +71,7 @@ class RssSampler:
         return list(found.values())
 
     def sample(self) -> None:
-        total = 0
+        total = total_pss = 0
         for proc in self._processes():
             try:
                 key = (proc.pid, proc.create_time())
@@ -67,7 +82,9 @@ class RssSampler:
             if key not in self.names:
                 self.names[key] = _title(proc)
             total += rss
+            total_pss += _pss(proc.pid, rss)
         self.concurrent_peak = max(self.concurrent_peak, total)
+        self.concurrent_peak_pss = max(self.concurrent_peak_pss, total_pss)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):

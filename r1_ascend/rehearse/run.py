@@ -39,6 +39,7 @@ import psutil
 from r1_ascend.rehearse import training
 from r1_ascend.rehearse.budget import RssSampler
 from r1_ascend.rehearse.config import Plan, driver_command
+from r1_ascend.rehearse.export import ExportError, export
 from r1_ascend.rehearse.inputs import make_inputs
 from r1_ascend.rehearse.lifecycle import (
     LifecycleError,
@@ -435,6 +436,9 @@ def rehearse(out: Path, plan: Plan, sampler: RssSampler) -> dict[str, object]:
     summary["ray_temp_dir"] = temp_dir
     summary["netns"] = netns
     summary["report"] = str(run_report(out, logs))
+    final = out / "checkpoints" / f"global_step_{plan.total_steps}"
+    _log(f"export: convert-weights to-hf {final}, then a strict transformers load and a greedy answer")
+    summary["export"] = export(final, out / "exported-hf", out / "export.log")
     return summary
 
 
@@ -445,10 +449,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-dir", type=Path, default=DEFAULT_OUT, help=f"default {DEFAULT_OUT} (replaced)")
     parser.add_argument("--nodes", type=int, default=Plan.nodes, help="simulated nodes (>= 2)")
     parser.add_argument("--npus-per-node", type=int, default=Plan.npus_per_node, help="fake NPUs per node")
+    parser.add_argument(
+        "--lr",
+        type=float,
+        default=Plan.lr,
+        help=f"the actor's learning rate (default {Plan.lr}); 0 is the control run: the reward must not rise, so the "
+        "rise is not required",
+    )
     args = parser.parse_args(argv)
     if args.nodes < 2 or args.npus_per_node < 1:
         parser.error("--nodes must be >= 2 and --npus-per-node >= 1")
-    plan = Plan(nodes=args.nodes, npus_per_node=args.npus_per_node)
+    if args.lr < 0:
+        parser.error("--lr must be >= 0")
+    rise = Plan.min_reward_rise if args.lr > 0 else None
+    plan = Plan(nodes=args.nodes, npus_per_node=args.npus_per_node, lr=args.lr, min_reward_rise=rise)
     out = args.output_dir.resolve()
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     start = time.monotonic()
@@ -461,12 +475,13 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             print("rehearse: interrupted; everything it started has been stopped", file=sys.stderr)
             return 130
-        except (RehearsalError, training.TrainingError) as exc:
+        except (RehearsalError, training.TrainingError, ExportError) as exc:
             print(f"rehearse: failed: {exc}", file=sys.stderr)
             return 1
     summary["wall_s"] = round(time.monotonic() - start, 1)
     summary["peak_rss_gib"] = round(sampler.summed_peak_bytes() / 1024**3, 2)
     summary["concurrent_peak_rss_gib"] = round(sampler.concurrent_peak / 1024**3, 2)
+    summary["concurrent_peak_pss_gib"] = round(sampler.concurrent_peak_pss / 1024**3, 2)
     summary["processes_sampled"] = sampler.process_count()
     summary["rss_by_process"] = sampler.breakdown()
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -499,11 +514,17 @@ def print_summary(summary: dict[str, object]) -> None:
         f"over the last {reward['window']} ({len(curve)} steps: {', '.join(f'{v:.2f}' for v in curve.values())})"
     )
     print(f"  rollout-actor gap: {summary['rollout_actor_gap_max']:.2e} nat (largest step mean |Δ log-prob|)")
+    exported = summary["export"]
+    assert isinstance(exported, dict)
+    print(
+        f"  exported:          {exported['hf_dir']} (to-hf; transformers loads it strictly, "
+        f"{exported['parameters']} parameters; {exported['prompt']!r} -> {exported['answer']!r})"
+    )
     print(f"  report:            {summary['report']}")
     print(
         f"  wall time:         {summary['wall_s']} s; summed peak RSS {summary['peak_rss_gib']} GiB over "
-        f"{summary['processes_sampled']} processes (largest total at one moment: "
-        f"{summary['concurrent_peak_rss_gib']} GiB)"
+        f"{summary['processes_sampled']} processes; at one moment at most {summary['concurrent_peak_pss_gib']} GiB "
+        f"in use (PSS; {summary['concurrent_peak_rss_gib']} GiB summing RSS, which counts shared pages per process)"
     )
 
 
