@@ -444,7 +444,8 @@ REPLACEMENTS: tuple[Replacement, ...] = (
         "states created by init_state_fn get torch's initial step (0), and state_dict before the first step creates "
         "them (as Adam's first step would); the loaded checkpoint then sets them, and the per-parameter copy on load "
         "keeps the step load_state_dict set (distrib_optimizer.py:876-878 copies every state key, the loaded "
-        "tensors leave 'step' out at :1437)",
+        "tensors leave 'step' out at :1437), and each state gets its own step tensor after a load (:740-743 shares one "
+        "across all parameters, which Adam then increments once per parameter)",
     ),
     Replacement(
         "import transformer_engine",
@@ -714,6 +715,21 @@ def _install_optimizer_state_step() -> None:
         return set_states(self, model_param, tensors)
 
     DistributedOptimizer._set_main_param_and_optimizer_states = set_states_keeping_step
+
+    load_state_dict = DistributedOptimizer.load_state_dict
+
+    @functools.wraps(load_state_dict)
+    def load_state_dict_own_steps(self: Any, state_dict: Any) -> Any:
+        """distrib_optimizer.py:740-743 puts one ``step`` tensor into every parameter's state; torch's Adam then
+        increments it in place once per parameter, so the bias correction after a resume runs ahead by the number
+        of parameters. Each state gets its own copy, as Adam's own initialisation gives it."""
+        result = load_state_dict(self, state_dict)
+        for state in self.optimizer.state.values():
+            if torch.is_tensor(state.get("step")):
+                state["step"] = state["step"].clone()
+        return result
+
+    DistributedOptimizer.load_state_dict = load_state_dict_own_steps
 
 
 def _install_distributed_optimizer_type_check() -> None:

@@ -1,4 +1,5 @@
-"""One converted smoke-model checkpoint per session: the quickstart's FP8 -> BF16 -> Megatron chain."""
+"""One converted smoke-model checkpoint per session, made as the rehearsal makes it: the quickstart's FP8 -> BF16 ->
+Megatron chain, plus the tiny tokenizer."""
 
 from __future__ import annotations
 
@@ -9,9 +10,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def converted(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from r1_ascend.launch.quickstart import convert, make_checkpoint
+    from r1_ascend.rehearse.inputs import make_weights
 
-    root = tmp_path_factory.mktemp("model")
-    make_checkpoint(root / "fp8", "tiny")
-    convert(root / "fp8", root / "weights")
-    return root / "weights"
+    hf_dir, _ = make_weights(tmp_path_factory.mktemp("model"))
+    return hf_dir.parent
