@@ -89,7 +89,7 @@ READS_OLD_LOG_PROBS = ("rollout_is", "rollout_rs", "rollout_token_veto_threshold
 
 _active: contextvars.ContextVar[bool] = contextvars.ContextVar("r1_ascend_onpolicy_update", default=False)
 #: Set on the driver when the shortcut was enabled for the trainer (the placeholders are in use).
-_shortcut_on: contextvars.ContextVar[bool] = contextvars.ContextVar("r1_ascend_onpolicy_driver", default=False)
+driver_shortcut_on: contextvars.ContextVar[bool] = contextvars.ContextVar("r1_ascend_onpolicy_driver", default=False)
 
 
 def apply(spec: PatchSpec) -> None:
@@ -180,7 +180,7 @@ def enable_driver_shortcut(trainer: Any) -> bool:
         return False
     temperature = trainer.config.actor_rollout_ref.rollout.temperature
     trainer.actor_rollout_wg.compute_log_prob = PlaceholderLogProb(temperature)
-    _shortcut_on.set(True)
+    driver_shortcut_on.set(True)
     logger.warning(
         "patch %s: exactly on-policy update; the old-log-prob pass is skipped and actor/entropy is not logged", NAME
     )
@@ -197,7 +197,7 @@ def _placeholder_metric(name: str, value: Any) -> bool:
 def _build_tracking_log(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def log(self: Any, data: Any, step: Any, backend: Any = None) -> Any:
-        if _shortcut_on.get() and isinstance(data, dict):
+        if driver_shortcut_on.get() and isinstance(data, dict):
             data = {k: v for k, v in data.items() if not _placeholder_metric(k, v)}
         return original(self, data, step, backend)
 

@@ -29,8 +29,9 @@ quickstart_args=()
 "${venv}/bin/python" -m r1_ascend.cli quickstart "${quickstart_args[@]}" "$@"
 if [[ "${R1_ASCEND_SKIP_REHEARSAL:-0}" != "1" ]]; then
     echo "quickstart: [rehearse] the whole run on this machine: Ray nodes, verl's loop, kill, resume, report"
-    rehearse_args=()
-    [[ -z "${REHEARSE_DIR:-}" ]] || rehearse_args=(--output-dir "${REHEARSE_DIR}")
+    # the rehearsal trains from the checkpoint the quickstart just converted
+    rehearse_args=(--weights "${QUICKSTART_DIR:-outputs/quickstart}/weights")
+    [[ -z "${REHEARSE_DIR:-}" ]] || rehearse_args+=(--output-dir "${REHEARSE_DIR}")
     "${venv}/bin/python" -m r1_ascend.cli rehearse "${rehearse_args[@]}"
 fi
 echo "quickstart: total $(( $(date +%s) - start )) s"

@@ -63,8 +63,26 @@ def make_weights(root: Path) -> tuple[Path, Path]:
     return hf_dir, mcore
 
 
-def make_inputs(root: Path) -> Inputs:
+def converted_weights(weights: Path) -> tuple[Path, Path]:
+    """The quickstart's converted checkpoint in ``weights`` (``hf-bf16/`` and ``mcore/``), with its tokenizer."""
+    from r1_ascend.launch.quickstart import add_tokenizer
+
+    hf_dir, mcore = weights / "hf-bf16", weights / "mcore"
+    for needed in (hf_dir / "config.json", mcore / "metadata.json"):
+        if not needed.is_file():
+            msg = (
+                f"{needed} is missing: --weights takes the directory r1-ascend quickstart converts into "
+                "(outputs/quickstart/weights, with hf-bf16/ and mcore/); run the quickstart first, or leave --weights "
+                "out"
+            )
+            raise FileNotFoundError(msg)
+    add_tokenizer(hf_dir)
+    return hf_dir, mcore
+
+
+def make_inputs(root: Path, weights: Path | None = None) -> Inputs:
+    """Inputs under ``root``; the checkpoint is converted there unless ``weights`` holds the quickstart's."""
     from r1_ascend.rehearse.toy_task import write_data
 
-    hf_dir, mcore = make_weights(root)
+    hf_dir, mcore = make_weights(root) if weights is None else converted_weights(weights)
     return Inputs(hf_dir, mcore, write_data(root / "data"))

@@ -329,6 +329,17 @@ def summarise(out: Path, logs: list[Path], plan: Plan, killed_step: int) -> dict
     check_checkpoint(out / "checkpoints", resumed_from, plan.world)
     check_tensorboard(out / "tensorboard")
     check_validation(texts, logs)
+    return {
+        "nodes_joined": joined,
+        "npus_seen": npus,
+        "steps_run": {"run 1 (killed)": steps[0], "run 2 (resumed)": steps[1]},
+        "killed_in_step": killed_step,
+        "resumed_from_step": resumed_from,
+    }
+
+
+def judge_training(out: Path, logs: list[Path], plan: Plan) -> dict[str, object]:
+    """What the run learned (r1_ascend.rehearse.training) and which model it trained (the workers' records)."""
     metrics = training.step_metrics(logs)
     training.check_finite(metrics, logs)
     training.check_gradients(metrics)
@@ -336,11 +347,7 @@ def summarise(out: Path, logs: list[Path], plan: Plan, killed_step: int) -> dict
     if plan.min_reward_rise is not None:
         training.check_learning(curve, plan.min_reward_rise)
     return {
-        "nodes_joined": joined,
-        "npus_seen": npus,
-        "steps_run": {"run 1 (killed)": steps[0], "run 2 (resumed)": steps[1]},
-        "killed_in_step": killed_step,
-        "resumed_from_step": resumed_from,
+        "model": model_summary(read_lifecycle(out / "lifecycle")),
         "reward": {"first": round(curve.first, 3), "last": round(curve.last, 3), "window": curve.window},
         "reward_curve": {step: round(value, 4) for step, value in curve.rewards.items()},
         "rollout_actor_gap_max": training.max_gap(metrics),
@@ -368,7 +375,6 @@ def judge(out: Path, logs: list[Path], plan: Plan, killed_step: int, killed_pids
     ``killed_pids``: the processes that had written a lifecycle record when the driver of run 1 was killed."""
     summary = summarise(out, logs, plan, killed_step)
     events = read_lifecycle(out / "lifecycle")
-    summary["model"] = model_summary(events)
     try:
         summary["lifecycle"] = check_lifecycle(events, killed_pids, workers_per_run=plan.world)
         summary["checkpoint_loads"] = check_checkpoint_loads(events, killed_pids, summary["resumed_from_step"])
@@ -407,12 +413,16 @@ def run_report(out: Path, logs: list[Path]) -> Path:
     return report_dir / "report.md"
 
 
-def rehearse(out: Path, plan: Plan, sampler: RssSampler) -> dict[str, object]:
+def rehearse(out: Path, plan: Plan, sampler: RssSampler, weights: Path | None = None) -> dict[str, object]:
     if out.exists():
         shutil.rmtree(out)
     (out / "lifecycle").mkdir(parents=True)
-    _log(f"inputs: model directory and parquet (r1-ascend prepare-data) under {out / 'inputs'}")
-    inputs = make_inputs(out / "inputs")
+    source = f"the quickstart's checkpoint in {weights}" if weights else f"a converted smoke checkpoint under {out}"
+    _log(f"inputs: {source}, the toy task's parquet under {out / 'inputs'}")
+    try:
+        inputs = make_inputs(out / "inputs", weights)
+    except FileNotFoundError as exc:
+        raise RehearsalError(str(exc)) from None
     launch = out / "launch.sh"
     command = driver_command(sys.executable, plan, inputs, out, REPO)
     launch.write_text(f"#!/usr/bin/env bash\nset -euo pipefail\nexec {shlex.join(command)}\n")
@@ -433,6 +443,7 @@ def rehearse(out: Path, plan: Plan, sampler: RssSampler) -> dict[str, object]:
         _log("stopping the drivers and the Ray nodes (recorded pids)")
         stop_cluster(cluster)
     summary = judge(out, logs, plan, killed_step, killed_pids)
+    summary.update(judge_training(out, logs, plan))
     summary["ray_temp_dir"] = temp_dir
     summary["netns"] = netns
     summary["report"] = str(run_report(out, logs))
@@ -456,6 +467,12 @@ def main(argv: list[str] | None = None) -> int:
         help=f"the actor's learning rate (default {Plan.lr}); 0 is the control run: the reward must not rise, so the "
         "rise is not required",
     )
+    parser.add_argument(
+        "--weights",
+        type=Path,
+        help="the quickstart's converted checkpoint to start from (outputs/quickstart/weights: hf-bf16/ and mcore/); "
+        "default: convert one under the output directory",
+    )
     args = parser.parse_args(argv)
     if args.nodes < 2 or args.npus_per_node < 1:
         parser.error("--nodes must be >= 2 and --npus-per-node >= 1")
@@ -468,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
     with RssSampler() as sampler:
         try:
-            summary = rehearse(out, plan, sampler)
+            summary = rehearse(out, plan, sampler, args.weights.resolve() if args.weights else None)
         except LifecycleError as exc:
             print(f"rehearse: failed: {exc}", file=sys.stderr)
             return 1

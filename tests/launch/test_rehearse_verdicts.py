@@ -31,7 +31,8 @@ from r1_ascend.rehearse.lifecycle import CYCLE, LifecycleError
 from r1_ascend.rehearse.run import RehearsalError
 
 DATA = Path(__file__).parent / "data" / "rehearsal"
-PLAN = Plan()  # 2 nodes x 1 NPU, 4 steps, checkpoint every 2: the recorded run's plan
+#: the recorded run's plan: 2 nodes x 1 NPU, 4 steps of 4 prompts x 2 samples, checkpoint and validation every 2
+PLAN = Plan(total_steps=4, save_freq=2, test_freq=2, prompts_per_step=4, samples_per_prompt=2, response_length=24)
 KILLED_STEP = 3
 #: Pids that had written a lifecycle record when run 1's driver was killed (22661: the TaskRunner, no rollout).
 KILLED_PIDS = frozenset({22661, 22820, 22821})

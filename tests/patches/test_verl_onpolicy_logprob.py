@@ -50,7 +50,7 @@ def on_policy_config() -> DictConfig:
 # --- the decision --------------------------------------------------------------------------------------------------
 
 
-def test_exactly_on_policy_config_turns_the_shortcut_on(on_policy_config: DictConfig) -> None:
+def test_exactly_on_policy_config_turns_thedriver_shortcut_on(on_policy_config: DictConfig) -> None:
     assert shortcut_decision(on_policy_config) == (True, [])
 
 
@@ -195,7 +195,7 @@ def test_metrics_of_the_skipped_pass_are_not_logged_as_nan(
 ) -> None:
     """verl derives actor/entropy and training/rollout_probs_diff_* from the placeholders: with the shortcut on,
     the NaN they become is left out of the log; measured values and any other NaN metric are still logged."""
-    from r1_ascend.patches.verl_onpolicy_logprob import _shortcut_on
+    from r1_ascend.patches.verl_onpolicy_logprob import driver_shortcut_on
 
     nan = float("nan")
     metrics = {
@@ -206,7 +206,7 @@ def test_metrics_of_the_skipped_pass_are_not_logged_as_nan(
         "critic/score/mean": 0.5,
     }
     apply_one(SPEC)
-    token = _shortcut_on.set(False)
+    token = driver_shortcut_on.set(False)
     try:
         tracking, backend = _tracking_with_recorder()
         tracking.log(data=dict(metrics), step=1)
@@ -219,7 +219,7 @@ def test_metrics_of_the_skipped_pass_are_not_logged_as_nan(
         tracking.log(data={"actor/entropy": 1.5}, step=3)
         assert backend.logged[-1] == {"actor/entropy": 1.5}
     finally:
-        _shortcut_on.reset(token)
+        driver_shortcut_on.reset(token)
 
 
 @pytest.mark.parametrize(
