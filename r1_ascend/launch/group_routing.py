@@ -12,22 +12,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from r1_ascend.launch.checks import ERROR, OK, SKIPPED, Finding, Run
-from r1_ascend.launch.model_info import known_model
+from r1_ascend.launch.upstream_checks import model_config_source
 from r1_ascend.patches.rules.group_routing import PATCH, is_deepseek_v3, rollout_routing, routing_problem
 from r1_ascend.patches.rules.switches import read_switches
 
 CHECK = "group_routing"
-
-
-def _model_config(run: Run) -> tuple[dict[str, Any] | None, str]:
-    """The model's config.json (or the known model's for a shipped run configuration) and where it came from."""
-    if run.model is not None:
-        return run.model.config, f"{run.model.path}/config.json"
-    known = known_model(run.config_name)
-    if known is not None:
-        label, config = known
-        return config, f"{label}, from the table of known models (MODEL_PATH not set)"
-    return None, ""
 
 
 def _megatron_roles(config: Any) -> list[str]:
@@ -40,7 +29,7 @@ def _megatron_roles(config: Any) -> list[str]:
 
 
 def check_group_routing(run: Run) -> Iterator[Finding]:
-    model, source = _model_config(run)
+    model, source = model_config_source(run)
     if model is None:
         yield Finding(CHECK, SKIPPED, "skipped: needs the model's config.json (set MODEL_PATH)")
         return

@@ -488,8 +488,8 @@ def _verl_default(key: str, fallback: Any) -> Any:
 # --- attention heads vs tensor parallelism -------------------------------------------------------------------------
 
 
-def _heads(run: Run) -> tuple[dict[str, Any] | None, str]:
-    """The model's config.json (or the known model's) and where it came from."""
+def model_config_source(run: Run) -> tuple[dict[str, Any] | None, str]:
+    """The model's config.json (or the known model's for a shipped run configuration) and where it came from."""
     if run.model is not None:
         return run.model.config, f"{run.model.path}/config.json"
     known = known_model(run.config_name)
@@ -527,7 +527,7 @@ def vllm_head_refusal(heads: int, tp: int) -> str | None:
 
 def check_attention_heads(run: Run) -> Iterator[Finding]:
     """Actor TP against Megatron-core's head rules, rollout TP against vLLM's (both fire only in the workers)."""
-    config, source = _heads(run)
+    config, source = model_config_source(run)
     if config is None or "num_attention_heads" not in config:
         reason = run.model_error or (
             "needs the model's config.json (set MODEL_PATH); the known-model table has no attention heads for "
