@@ -487,6 +487,31 @@ def check_targets() -> list[str]:
     megatron_utils = importlib.import_module("verl.utils.megatron_utils")
     if 'model_module.to(f"{get_device_name()}:{get_device_id()}")' not in inspect.getsource(megatron_utils.get_model):
         problems.append("verl.utils.megatron_utils.get_model no longer moves chunks to device:id")
+    distrib = importlib.import_module("megatron.core.optimizer.distrib_optimizer")
+    optimizer_class = distrib.DistributedOptimizer
+    expected_methods = {
+        "_build_model_and_main_param_groups": ["cls", "gbuf_ranges", "param_gbuf_map", "opt_group_ranges", "config"],
+        "_set_main_param_and_optimizer_states": ["self", "model_param", "tensors"],
+        "state_dict": ["self"],
+        "load_state_dict": ["self", "state_dict"],
+    }
+    for method, params in expected_methods.items():
+        function = inspect.unwrap(
+            getattr(optimizer_class.__dict__[method], "__func__", optimizer_class.__dict__[method])
+        )
+        found = list(inspect.signature(function).parameters)
+        if found != params:
+            problems.append(f"DistributedOptimizer.{method}{tuple(params)} changed to {tuple(found)}")
+    if 's["step"] = step' not in inspect.getsource(inspect.unwrap(optimizer_class.__dict__["load_state_dict"])):
+        problems.append("DistributedOptimizer.load_state_dict no longer shares one Adam step across the states")
+    for module_name, name in (
+        ("megatron.core.optimizer.optimizer", "clip_grad_by_total_norm_fp32"),
+        ("megatron.core.optimizer.distrib_optimizer", "quantize_param_shard"),
+        ("megatron.core.dist_checkpointing.strategies.fully_parallel", "exchange_by_distribution"),
+        ("megatron.core.dist_checkpointing.strategies.filesystem_async", "_write_item"),
+    ):
+        if not callable(getattr(importlib.import_module(module_name), name, None)):
+            problems.append(f"{module_name}.{name} is gone")
     manager = importlib.import_module("verl.utils.checkpoint.megatron_checkpoint_manager")
     if "transformer_engine.pytorch.optimizers.fused_adam.FusedAdam" not in _source(manager.__name__):
         problems.append("MegatronCheckpointManager no longer registers transformer_engine's FusedAdam")

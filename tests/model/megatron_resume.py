@@ -3,7 +3,8 @@
 
 megatron-core's DeepSeek-V3 GPTModel from the converted dist checkpoint, Megatron DDP, the DistributedOptimizer and
 its LR scheduler built by verl's functions, on the CPU (one rank, one thread: deterministic). Usage:
-megatron_resume.py WEIGHTS_DIR CHECKPOINT_DIR save|resume OUT_JSON. Writes the step's loss, grad norm, learning rate
+megatron_resume.py WEIGHTS_DIR CHECKPOINT_DIR save|resume|resume-shared-step OUT_JSON (the last without the
+CPU replacement that gives each Adam state its own step after a load). Writes the step's loss, grad norm, learning rate
 and a digest of every parameter."""
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ def main(weights: Path, checkpoint: Path, mode: str, out: Path) -> None:
 
     apply_once()
     mcore_cpu.install()
+    if mode == "resume-shared-step":  # megatron-core's own load: one step tensor shared by every Adam state
+        from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+        DistributedOptimizer.load_state_dict = DistributedOptimizer.load_state_dict.__wrapped__
     model_check.init_single_rank("gloo")
     tensor_parallel.model_parallel_cuda_manual_seed(1)
     hf_dir = weights / "hf-bf16"

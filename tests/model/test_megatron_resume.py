@@ -38,3 +38,8 @@ def test_the_step_after_a_resume_equals_the_uninterrupted_step(converted: Path, 
     differing = [name for name, value in uninterrupted["params"].items() if resumed["params"][name] != value]
     assert differing == [], f"parameters differ after the resumed step: {differing[:5]}"
     assert resumed["params_sha256"] == uninterrupted["params_sha256"]
+
+    # without the replacement that gives every Adam state its own step, the resumed update differs
+    shared = run(converted, checkpoint, "resume-shared-step", tmp_path / "shared.json")
+    assert shared["loss"] == uninterrupted["loss"]
+    assert shared["params_sha256"] != uninterrupted["params_sha256"]
