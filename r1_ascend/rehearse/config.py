@@ -23,9 +23,9 @@ class Plan:
 
     nodes: int = 2
     npus_per_node: int = 1
-    total_steps: int = 12
-    save_freq: int = 6
-    test_freq: int = 6
+    total_steps: int = 8
+    save_freq: int = 4
+    test_freq: int = 4
     prompts_per_step: int = 8
     samples_per_prompt: int = 4
     response_length: int = 8
