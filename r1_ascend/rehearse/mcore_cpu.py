@@ -608,6 +608,25 @@ def _install_transformer_engine_module() -> None:
     sys.modules["transformer_engine"] = te
 
 
+def _call_within(module_name: str, name: str, context: Callable[[], Any]) -> None:
+    """Rebind ``module_name.name`` (the name its callers look up) to run inside ``context()``, once."""
+    import functools
+    import importlib
+
+    module = importlib.import_module(module_name)
+    function = getattr(module, name)
+    if getattr(function, "__r1_ascend_cpu__", False):
+        return
+
+    @functools.wraps(function)
+    def within(*args: Any, **kwargs: Any) -> Any:
+        with context():
+            return function(*args, **kwargs)
+
+    within.__r1_ascend_cpu__ = True
+    setattr(module, name, within)
+
+
 @contextlib.contextmanager
 def _cuda_type_names() -> Any:
     """While upstream validates parameter types by name, a CPU tensor's ``type()`` answers the CUDA name of its
@@ -646,21 +665,12 @@ def _cuda_moves_stay_on_host() -> Any:
 def _install_checkpoint_exchange() -> None:
     """``FullyParallelLoadStrategyWrapper`` hands loaded shards to ``exchange_by_distribution``, which moves them with
     ``.cuda()`` (exchange_utils.py:317,478)."""
-    import functools
 
-    import megatron.core.dist_checkpointing.strategies.fully_parallel as fully_parallel
-
-    exchange = fully_parallel.exchange_by_distribution
-    if getattr(exchange, "__r1_ascend_cpu__", False):
-        return
-
-    @functools.wraps(exchange)
-    def exchange_on_host(*args: Any, **kwargs: Any) -> Any:
-        with _cuda_moves_stay_on_host():
-            return exchange(*args, **kwargs)
-
-    exchange_on_host.__r1_ascend_cpu__ = True
-    fully_parallel.exchange_by_distribution = exchange_on_host
+    _call_within(
+        "megatron.core.dist_checkpointing.strategies.fully_parallel",
+        "exchange_by_distribution",
+        _cuda_moves_stay_on_host,
+    )
 
 
 def _install_write_item_signature() -> None:
@@ -775,18 +785,7 @@ def _install_distributed_optimizer_type_check() -> None:
     build_on_cpu.__r1_ascend_cpu__ = True
     DistributedOptimizer._build_model_and_main_param_groups = classmethod(build_on_cpu)
 
-    import megatron.core.optimizer.optimizer as optimizer_module
-
-    clip = optimizer_module.clip_grad_by_total_norm_fp32
-    if not getattr(clip, "__r1_ascend_cpu__", False):
-
-        @functools.wraps(clip)
-        def clip_on_cpu(*args: Any, **kwargs: Any) -> Any:
-            with _cuda_type_names():
-                return clip(*args, **kwargs)
-
-        clip_on_cpu.__r1_ascend_cpu__ = True
-        optimizer_module.clip_grad_by_total_norm_fp32 = clip_on_cpu
+    _call_within("megatron.core.optimizer.optimizer", "clip_grad_by_total_norm_fp32", _cuda_type_names)
 
     import megatron.core.optimizer.distrib_optimizer as distrib_optimizer
 
