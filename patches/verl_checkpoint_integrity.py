@@ -119,17 +119,28 @@ def _build_trainer_save(original: Callable[..., Any]) -> Callable[..., Any]:
         try:
             result = original(self)
         except Exception as exc:
-            intact = f"global_step_{before} (the tracker still names it)" if isinstance(before, int) else "none"
-            msg = (
-                f"saving checkpoint global_step_{step} under {root} failed: {type(exc).__name__}: {exc}. Nothing was "
-                f"deleted; the last complete checkpoint is {intact}. Free space or fix the file system, then relaunch "
-                f"the same command: it resumes from {intact}."
-            )
-            raise CheckpointSaveError(msg) from exc
+            raise CheckpointSaveError(save_failure(root, step, before, exc)) from exc
         remove_stale(root, step, kept_checkpoints(self.config.trainer))
         return result
 
     return _save_checkpoint
+
+
+def save_failure(root: Path, step: int, tracked: int | str | None, exc: BaseException) -> str:
+    """What failed (the worker's own error, not Ray's wrapper and its traceback), what is intact, what to do."""
+    cause = getattr(exc, "cause", None) or exc
+    lines = str(cause).strip().splitlines() or [""]
+    intact = f"global_step_{tracked}" if isinstance(tracked, int) else "none (no earlier checkpoint is tracked)"
+    try:
+        free = f"{shutil.disk_usage(root).free / 1024**3:.1f} GiB free on its file system"
+    except OSError:
+        free = "free space unknown"
+    return (
+        f"saving checkpoint global_step_{step} under {root} ({free}) failed: {type(cause).__name__}: {lines[-1]}. "
+        f"Nothing was deleted; the last complete checkpoint is {intact}. Free space or fix the file system (a full "
+        "disk or a file-size limit makes torch.save fail with 'unexpected pos' or 'File too large'), then relaunch "
+        f"the same command: it resumes from {intact}."
+    )
 
 
 def remove_stale(root: Path, step: int, keep: int) -> list[Path]:

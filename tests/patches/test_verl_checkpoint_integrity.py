@@ -224,6 +224,22 @@ def test_a_failed_save_names_the_intact_checkpoint_and_deletes_nothing(tmp_path:
     assert inspect_step(tmp_path / "global_step_2").complete
 
 
+def test_a_failed_save_in_a_ray_worker_names_the_workers_error_not_the_traceback(tmp_path: Path) -> None:
+    """What a full disk does to torch.save inside the worker, as the driver receives it from Ray."""
+    from ray.exceptions import RayTaskError
+
+    apply_one(SPEC)
+    fakes.write_step(tmp_path, 2)
+    cause = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+    wrapped = RayTaskError("WorkerDict.save_checkpoint", "Traceback (most recent call last):\n  ...\n", cause)
+    with pytest.raises(CheckpointSaveError) as info:
+        _trainer(tmp_path, 4, fail=wrapped.as_instanceof_cause())._save_checkpoint()
+    message = str(info.value)
+    assert "failed: RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598." in message
+    assert "Traceback" not in message
+    assert "GiB free on its file system" in message
+
+
 def test_patched_resume_refuses_a_truncated_latest_before_any_worker_loads(tmp_path: Path) -> None:
     apply_one(SPEC)
     fakes.write_step(tmp_path, 2)
