@@ -41,9 +41,9 @@ FAULTS = ("kill-during-save", "disk-full", "corrupt-latest")
 FSIZE_LIMIT = 4 * 1024 * 1024
 #: A faulted run must have stopped every process within this many seconds of the fault.
 STOP_BOUND_S = 120.0
-#: A relaunch onto a broken checkpoint must have stopped within this many seconds of its start (it builds the
-#: workers before verl reads the checkpoint).
-RELAUNCH_BOUND_S = 300.0
+#: A relaunch onto a broken checkpoint must have stopped within this many seconds of its start (Ray, the driver
+#: and the TaskRunner start first; the recipe checks the checkpoint before the workers are built).
+RELAUNCH_BOUND_S = 120.0
 #: How often the checkpoint directory is polled for a save under way.
 POLL_S = 0.02
 
