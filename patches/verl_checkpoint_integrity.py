@@ -179,6 +179,8 @@ def check_resume(trainer_config: Any) -> None:
         return  # disable: step 0 on purpose; HDFS: verl refuses it itself
     resume_from = None
     if mode == "resume_path":
+        if not trainer_config.get("resume_from_path"):
+            return  # verl refuses it with its own message
         resume_from = Path(os.path.abspath(str(trainer_config.resume_from_path)))
     decision = resume_decision(checkpoint_root(trainer_config), resume_from=resume_from)
     if not decision.ok:

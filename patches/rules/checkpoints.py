@@ -27,6 +27,7 @@ __all__ = [
     "TRACKER",
     "ResumeDecision",
     "StepState",
+    "dist_ckpt_problems",
     "inspect_step",
     "read_tracker",
     "resume_decision",
@@ -104,7 +105,7 @@ def inspect_step(path: Path) -> StepState:
     if "actor" not in roles:
         problems.append("no actor/ directory")
     for role in roles:
-        problems += [f"{role}/dist_ckpt: {p}" for p in _dist_ckpt_problems(path / role / "dist_ckpt")]
+        problems += [f"{role}/dist_ckpt: {p}" for p in dist_ckpt_problems(path / role / "dist_ckpt")]
     return StepState(step, path, tuple(problems))
 
 
@@ -119,7 +120,8 @@ def _zip_problems(path: Path, what: str) -> list[str]:
     return []
 
 
-def _dist_ckpt_problems(dist: Path) -> list[str]:
+def dist_ckpt_problems(dist: Path) -> list[str]:
+    """What makes a Megatron dist checkpoint directory incomplete (empty: complete)."""
     if not dist.is_dir():
         return ["missing (the save never started writing shards)"]
     meta = dist / "metadata.json"
