@@ -16,7 +16,64 @@ from pathlib import Path
 
 import pytest
 
-from r1_ascend.rehearse.faults import RELAUNCH_BOUND_S, STOP_BOUND_S
+from r1_ascend.rehearse.config import Plan, with_overrides
+from r1_ascend.rehearse.faults import RELAUNCH_BOUND_S, STOP_BOUND_S, FaultError, check_kept, plan_for
+from r1_ascend.rehearse.run import RehearsalError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "patches"))
+import checkpoint_fakes as fakes
+
+# --- fast: the fault plans and verdicts ----------------------------------------------------------------------------
+
+
+def test_fault_plans_are_short_and_keep_what_the_671b_config_keeps() -> None:
+    for name in ("kill-during-save", "disk-full"):
+        plan = plan_for(name, Plan())
+        assert (plan.total_steps, plan.save_freq, plan.max_ckpt_to_keep, plan.min_reward_rise) == (2, 1, 1, None)
+    plan = plan_for("corrupt-latest", Plan())
+    assert (plan.total_steps, plan.save_freq, plan.max_ckpt_to_keep) == (3, 1, 2)
+
+
+def test_resume_overrides_replace_the_launch_scripts_own() -> None:
+    command = ["python", "-m", "x", "--config-name", "c", "trainer.resume_mode=auto", "a=1"]
+    assert with_overrides(command, ["trainer.resume_mode=resume_path", "b=2"]) == [
+        "python",
+        "-m",
+        "x",
+        "--config-name",
+        "c",
+        "a=1",
+        "trainer.resume_mode=resume_path",
+        "b=2",
+    ]
+
+
+def test_only_the_kept_complete_checkpoints_may_be_left(tmp_path: Path) -> None:
+    plan = plan_for("kill-during-save", Plan())
+    root = tmp_path / "checkpoints"
+    fakes.write_step(root, 2)
+    assert check_kept(tmp_path, plan).startswith("global_step_2 kept")
+    fakes.write_step(root, 1, track=False)
+    with pytest.raises(FaultError, match=r"steps \[1, 2\], expected the newest kept ones \[2\]"):
+        check_kept(tmp_path, plan)
+    shutil.rmtree(root / "global_step_1")
+    fakes.truncate(fakes.shard(root / "global_step_2"))
+    with pytest.raises(FaultError, match="truncated"):
+        check_kept(tmp_path, plan)
+
+
+def test_resume_expects_the_step_the_override_names_else_the_tracked_one(tmp_path: Path) -> None:
+    from r1_ascend.rehearse.resume import expected_step
+
+    root = tmp_path / "checkpoints"
+    with pytest.raises(RehearsalError, match="nothing to resume"):
+        expected_step(tmp_path, [])
+    fakes.write_step(root, 3)
+    assert expected_step(tmp_path, []) == 3
+    assert expected_step(tmp_path, [f"trainer.resume_from_path={root / 'global_step_1'}"]) == 1
+
+
+# --- slow: each fault in the real run -------------------------------------------------------------------------------
 
 
 def _rehearse(*args: str) -> subprocess.CompletedProcess:
