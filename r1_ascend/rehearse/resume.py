@@ -12,6 +12,7 @@ import json
 import re
 import shlex
 import shutil
+import subprocess
 from pathlib import Path
 
 from r1_ascend.patches.rules.checkpoints import read_tracker
@@ -78,7 +79,10 @@ def resume_rehearsal(out: Path, extra: list[str], sampler: RssSampler) -> dict[s
     try:
         head = start_cluster(cluster, log)
         _log(f"run {index}: the head runs the rehearsal's launch script again (log {log}); expected resume: {expected}")
-        code = head.wait(900)
+        try:
+            code = head.wait(900)
+        except subprocess.TimeoutExpired:
+            raise RehearsalError(f"the resumed run did not finish within 900 s; log: {log}") from None
     finally:
         _log("stopping the drivers and the Ray nodes (recorded pids)")
         stop_cluster(cluster)
