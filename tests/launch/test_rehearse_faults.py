@@ -89,8 +89,18 @@ def _nothing_left(summary: dict) -> None:
         assert summary["netns"] not in names
 
 
-def _fault(out: Path, name: str) -> dict:
-    done = _rehearse("--fault", name, "--output-dir", str(out))
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One converted checkpoint for every fault run (``--weights``), instead of a conversion per run."""
+    from r1_ascend.rehearse.inputs import make_weights
+
+    root = tmp_path_factory.mktemp("fault-weights")
+    make_weights(root)
+    return root / "weights"
+
+
+def _fault(out: Path, name: str, weights: Path) -> dict:
+    done = _rehearse("--fault", name, "--output-dir", str(out), "--weights", str(weights))
     assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
     summary = json.loads((out / f"summary-{name}.json").read_text())
     _nothing_left(summary)
@@ -98,8 +108,8 @@ def _fault(out: Path, name: str) -> dict:
 
 
 @pytest.mark.slow
-def test_kill_during_save_resumes_from_the_last_complete_checkpoint(tmp_path: Path) -> None:
-    summary = _fault(tmp_path / "out", "kill-during-save")
+def test_kill_during_save_resumes_from_the_last_complete_checkpoint(tmp_path: Path, weights: Path) -> None:
+    summary = _fault(tmp_path / "out", "kill-during-save", weights)
     fault = summary["fault"]
     assert fault["previous_checkpoint_at_kill"] == "complete"
     assert fault["killed_while"].startswith("global_step_2")
@@ -110,8 +120,8 @@ def test_kill_during_save_resumes_from_the_last_complete_checkpoint(tmp_path: Pa
 
 
 @pytest.mark.slow
-def test_disk_full_stops_with_the_intact_checkpoint_named_and_resumes_from_it(tmp_path: Path) -> None:
-    summary = _fault(tmp_path / "out", "disk-full")
+def test_disk_full_stops_with_the_intact_checkpoint_named_and_resumes_from_it(tmp_path: Path, weights: Path) -> None:
+    summary = _fault(tmp_path / "out", "disk-full", weights)
     fault = summary["fault"]
     assert fault["error"].startswith("CheckpointSaveError: saving checkpoint global_step_2")
     assert "the last complete checkpoint is global_step_1" in fault["error"]
@@ -121,9 +131,11 @@ def test_disk_full_stops_with_the_intact_checkpoint_named_and_resumes_from_it(tm
 
 
 @pytest.mark.slow
-def test_corrupt_latest_is_refused_and_resume_from_the_printed_checkpoint_finishes(tmp_path: Path) -> None:
+def test_corrupt_latest_is_refused_and_resume_from_the_printed_checkpoint_finishes(
+    tmp_path: Path, weights: Path
+) -> None:
     out = tmp_path / "out"
-    summary = _fault(out, "corrupt-latest")
+    summary = _fault(out, "corrupt-latest", weights)
     fault = summary["fault"]
     assert fault["time_to_stop_s"] < RELAUNCH_BOUND_S
     assert "names step 2" in fault["error"]
