@@ -17,6 +17,16 @@ CONFIG_NAME = "grpo_deepseekv3_smoke"
 STANDINS_MODULE = "r1_ascend.rehearse.standins"
 
 
+#: The rollout guard's levels on this CPU rehearsal (both engines bf16 on the same CPU kernels, so far tighter than
+#: the NPU defaults): ``r1-ascend guard-levels`` on the healthy rehearsal of the default plan (8 steps; the one-process
+#: calibration's 5 seeds x 8 steps stayed below it), twice and four times the healthy maximum. Three rehearsals with
+#: other seeds stayed below every warn level (docs/rollout_guard.md).
+GUARD_LEVELS: dict[str, dict[str, float]] = {
+    "warn": {"abs_diff_mean": 0.02, "seq_abs_diff_max": 0.11, "tail_fraction": 0.01, "kl_k3": 0.0013},
+    "stop": {"abs_diff_mean": 0.039, "seq_abs_diff_max": 0.21, "tail_fraction": 0.02, "kl_k3": 0.0026},
+}
+
+
 @dataclass(frozen=True)
 class Plan:
     """What the rehearsal runs: cluster shape and schedule (checkpoint every ``save_freq`` steps)."""
@@ -33,6 +43,8 @@ class Plan:
     lr: float = 3e-3
     #: the mean reward of the last 3 steps must exceed that of the first 3 by this much (None: not checked)
     min_reward_rise: float | None = 0.25
+    #: seeds the data order, the actor's Megatron RNG and the rollout's sampling (None: the configs' own seeds)
+    seed: int | None = None
 
     @property
     def world(self) -> int:
@@ -95,10 +107,29 @@ def overrides(plan: Plan, inputs: Inputs, out: Path, repo_root: Path) -> list[st
         f"trainer.max_actor_ckpt_to_keep={plan.total_steps}",
         f"trainer.default_local_dir={out / 'checkpoints'}",
         # Ray: the device stand-ins after the overlay's prelude in every worker; the lifecycle record directory
+        # the rollout guard at the levels measured for this CPU rehearsal (GUARD_LEVELS)
+        *(
+            f"r1_ascend.rollout_guard.{level}.{name}={value}"
+            for level, values in GUARD_LEVELS.items()
+            for name, value in values.items()
+        ),
+        *seed_overrides(plan.seed),
         f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES={STANDINS_MODULE}",
         f"+ray_kwargs.ray_init.runtime_env.env_vars.{envs.R1_ASCEND_REHEARSE_DIR}={out / 'lifecycle'}",
         f"+ray_kwargs.ray_init.runtime_env.env_vars.TENSORBOARD_DIR={out / 'tensorboard'}",
         "+ray_kwargs.ray_init.runtime_env.env_vars.RAY_DEDUP_LOGS='0'",
+    ]
+
+
+def seed_overrides(seed: int | None) -> list[str]:
+    """Another seed: another data order, actor RNG and rollout sampling (verl passes no rollout seed: the CPU engine
+    reads it from the runtime environment)."""
+    if seed is None:
+        return []
+    return [
+        f"data.seed={seed}",
+        f"actor_rollout_ref.actor.megatron.seed={seed}",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.{envs.R1_ASCEND_REHEARSE_SEED}={seed}",
     ]
 
 

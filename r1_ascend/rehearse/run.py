@@ -343,6 +343,7 @@ def judge_training(out: Path, logs: list[Path], plan: Plan) -> dict[str, object]
     metrics = training.step_metrics(logs)
     training.check_finite(metrics, logs)
     training.check_gradients(metrics)
+    training.check_guard_quiet(metrics)
     curve = training.reward_curve(metrics)
     if plan.min_reward_rise is not None:
         training.check_learning(curve, plan.min_reward_rise)
@@ -473,13 +474,16 @@ def main(argv: list[str] | None = None) -> int:
         help="the quickstart's converted checkpoint to start from (outputs/quickstart/weights: hf-bf16/ and mcore/); "
         "default: convert one under the output directory",
     )
+    parser.add_argument(
+        "--seed", type=int, help="seed of the data order, the actor and the rollout sampling (default: the configs')"
+    )
     args = parser.parse_args(argv)
     if args.nodes < 2 or args.npus_per_node < 1:
         parser.error("--nodes must be >= 2 and --npus-per-node >= 1")
     if args.lr < 0:
         parser.error("--lr must be >= 0")
     rise = Plan.min_reward_rise if args.lr > 0 else None
-    plan = Plan(nodes=args.nodes, npus_per_node=args.npus_per_node, lr=args.lr, min_reward_rise=rise)
+    plan = Plan(nodes=args.nodes, npus_per_node=args.npus_per_node, lr=args.lr, min_reward_rise=rise, seed=args.seed)
     out = args.output_dir.resolve()
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     start = time.monotonic()
