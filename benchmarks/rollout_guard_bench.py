@@ -34,15 +34,15 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-SITE_MARK = "R1_ASCEND_GUARD_BENCH_SITE"
 
 
 def _reexec_with_site() -> None:
-    if os.environ.get(SITE_MARK) == "1":
-        return
+    """Once: run again with the rehearsal's CPU site first on ``PYTHONPATH`` (its ``sitecustomize`` installs them)."""
     from r1_ascend.rehearse.run import SITE
 
-    env = dict(os.environ, **{SITE_MARK: "1"})
+    if str(SITE) in sys.path:
+        return
+    env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SITE), env.get("PYTHONPATH", "")]))
     sys.exit(subprocess.call([sys.executable, *sys.argv], env=env))
 

@@ -6,14 +6,18 @@ temperature) over the valid response tokens of a step. A per-step mean dilutes a
 layers or sequences, so the guard gates four statistics that each see a different shape of fault:
 
 - ``abs_diff_mean``: mean |Δ| — everything is a little off (wrong weights everywhere, a precision change);
+- ``seq_abs_diff_median``: the median over sequences of the per-sequence mean |Δ| — every sequence is a little off
+  (a config or weight difference that touches all tokens), blind to the few sequences a healthy bf16 routing flip
+  moves, so it can sit far closer to the healthy level than the mean;
 - ``seq_abs_diff_max``: the largest per-sequence mean |Δ| — a few sequences are off (a bad rank or batch slot);
 - ``tail_fraction``: the fraction of tokens with |Δ| above ``TAIL_CUT`` — a few tokens are far off (one expert or
   a few layers wrong: only the tokens routed through them move);
 - ``kl_k3``: verl's ``rollout_corr`` k3 estimator of KL(rollout ‖ actor), E[e^Δ − 1 − Δ], as prime-rl gates it.
 
 Logged besides: the largest single-token |Δ|, the k1 estimator E[−Δ], and NeMo-RL's token probability
-multiplicative error E[e^|Δ|]. Every statistic is a sum, a count or a maximum of per-micro-batch partials, so the
-actor can emit them inside the update and the driver folds them over micro-batches and data-parallel ranks exactly.
+multiplicative error E[e^|Δ|]. Every statistic derives from per-micro-batch partials — sums, counts, maxima and the
+list of per-sequence means — so the actor can emit them inside the update and the driver folds them over
+micro-batches and data-parallel ranks exactly.
 Each gated statistic has two levels: above ``warn`` it is logged and flagged; above ``stop`` (or NaN) the run stops.
 How the defaults were measured: docs/rollout_guard.md.
 """
@@ -35,22 +39,30 @@ TAIL_CUT = 0.5
 EXP_CLIP = 50.0
 
 #: The statistics the guard gates, in the order they are checked and reported.
-GATED = ("abs_diff_mean", "seq_abs_diff_max", "tail_fraction", "kl_k3")
+GATED = ("abs_diff_mean", "seq_abs_diff_median", "seq_abs_diff_max", "tail_fraction", "kl_k3")
 #: Default levels per gated statistic, for NPU runs: from the peers' published healthy levels, since the NPU's
 #: cannot be measured on the CPU (docs/rollout_guard.md "Levels"; ``r1-ascend guard-levels`` re-measures them).
 DEFAULT_WARN: dict[str, float] = {
     "abs_diff_mean": 0.05,
+    "seq_abs_diff_median": 0.05,
     "seq_abs_diff_max": 0.25,
     "tail_fraction": 0.02,
     "kl_k3": 0.01,
 }
 DEFAULT_STOP: dict[str, float] = {
     "abs_diff_mean": 0.1,
+    "seq_abs_diff_median": 0.1,
     "seq_abs_diff_max": 0.5,
     "tail_fraction": 0.05,
     "kl_k3": 0.03,
 }
-UNITS = {"abs_diff_mean": "nats", "seq_abs_diff_max": "nats", "tail_fraction": "of tokens", "kl_k3": "nats"}
+UNITS = {
+    "abs_diff_mean": "nats",
+    "seq_abs_diff_median": "nats",
+    "seq_abs_diff_max": "nats",
+    "tail_fraction": "of tokens",
+    "kl_k3": "nats",
+}
 CONFIG_FIELDS = ("enabled", "warn", "stop")
 #: Keys of earlier releases, and where their meaning lives now.
 RENAMED = {"max_mean_abs_diff": "stop.abs_diff_mean"}
@@ -60,6 +72,7 @@ PREFIX = "rollout_guard/"
 METRIC_NAMES = {
     "abs_diff_mean": f"{PREFIX}log_prob_abs_diff_mean",
     "abs_diff_max": f"{PREFIX}log_prob_abs_diff_max",
+    "seq_abs_diff_median": f"{PREFIX}seq_abs_diff_median",
     "seq_abs_diff_max": f"{PREFIX}seq_abs_diff_max",
     "tail_fraction": f"{PREFIX}tail_fraction",
     "kl_k1": f"{PREFIX}kl_k1",
@@ -175,6 +188,7 @@ def config_problems(config: Any) -> list[str]:
 #: How each partial folds over micro-batches and ranks.
 _SUMMED = ("abs_sum", "k1_sum", "k3_sum", "mult_sum", "tail_count", "tokens", "sequences")
 _MAXED = ("abs_max", "seq_mean_max")
+_LISTED = "seq_means"
 
 
 @dataclass(frozen=True)
@@ -190,6 +204,8 @@ class DiffStats:
     tail_count: int = 0
     sequences: int = 0
     seq_mean_max: float = 0.0
+    #: every sequence's mean |Δ| (for the median; a few thousand floats per step at most)
+    seq_means: tuple[float, ...] = ()
 
     @property
     def mean(self) -> float:
@@ -202,6 +218,7 @@ class DiffStats:
         return {
             "abs_diff_mean": per_token(self.abs_sum),
             "abs_diff_max": self.abs_max if n else math.nan,
+            "seq_abs_diff_median": _median(self.seq_means) if n else math.nan,
             "seq_abs_diff_max": self.seq_mean_max if n else math.nan,
             "tail_fraction": per_token(float(self.tail_count)),
             "kl_k1": per_token(self.k1_sum),
@@ -245,17 +262,20 @@ class DiffStats:
             tail_count=int((masked_abs > TAIL_CUT).sum()) + int(masked_abs.isnan().sum()),
             sequences=int(has_tokens.sum()),
             seq_mean_max=float(seq_means.max()),
+            seq_means=tuple(float(v) for v in seq_means),
         )
 
-    def as_raw_metrics(self) -> dict[str, float]:
-        return {raw_key(f.name): float(getattr(self, f.name)) for f in fields(self)}
+    def as_raw_metrics(self) -> dict[str, Any]:
+        raw: dict[str, Any] = {raw_key(name): float(getattr(self, name)) for name in (*_SUMMED, *_MAXED)}
+        raw[raw_key(_LISTED)] = list(self.seq_means)
+        return raw
 
     @classmethod
     def from_raw_metrics(cls, metrics: Mapping[str, Any]) -> DiffStats | None:
         """Fold the per-micro-batch partials (lists after verl's merge over ranks) into one; None if absent."""
         if raw_key("tokens") not in metrics:
             return None
-        columns = {f.name: _as_list(metrics.get(raw_key(f.name), [])) for f in fields(cls)}
+        columns = {name: _as_list(metrics.get(raw_key(name), [])) for name in (*_SUMMED, *_MAXED)}
         lengths = {name: len(values) for name, values in columns.items()}
         if len(set(lengths.values())) != 1:
             msg = f"rollout guard partials disagree in length: {lengths}"
@@ -264,6 +284,12 @@ class DiffStats:
         folded.update({name: max(columns[name], default=0.0) for name in _MAXED})
         for name in ("tokens", "tail_count", "sequences"):
             folded[name] = int(folded[name])
+        folded[_LISTED] = tuple(_as_list(metrics.get(raw_key(_LISTED), [])))
+        if len(folded[_LISTED]) != folded["sequences"]:
+            msg = (
+                f"rollout guard partials: {len(folded[_LISTED])} per-sequence means for {folded['sequences']} sequences"
+            )
+            raise ValueError(msg)
         return cls(**folded)
 
 
@@ -273,6 +299,14 @@ def raw_key(name: str) -> str:
 
 
 RAW_KEYS = tuple(raw_key(f.name) for f in fields(DiffStats))
+
+
+def _median(values: tuple[float, ...]) -> float:
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def _as_list(value: Any) -> list[float]:

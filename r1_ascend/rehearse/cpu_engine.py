@@ -497,6 +497,11 @@ class CPUStandInLLM:
         # verl 0.6.1 always passes seed 0; the rehearsal's --seed reaches the sampler through the environment
         self.generator = torch.Generator().manual_seed(int(seed) + envs.rehearse_seed())
         self.prefix_cache_resets = 0
+        #: the prompts of the last ``generate`` (a planted per-expert fault picks its expert by their routing)
+        self.last_prompts: list[list[int]] = []
+        from r1_ascend.rehearse.rollout_faults import plant_from_env
+
+        self.fault = plant_from_env(self)
 
     def _build_model(self, model_dir: Path, load_format: str, seed: int) -> tuple[torch.nn.Module, MLADims]:
         """The model (dummy weights from ``seed``, or the directory's checkpoint) and its MLA dimensions."""
@@ -527,6 +532,7 @@ class CPUStandInLLM:
         sampling = Sampling.from_params(sampling_params)
         stop = set(sampling.stop_token_ids) | (set() if sampling.ignore_eos else {self.eos_token_id})
         prompt_ids = [[int(t) for t in prompt["prompt_token_ids"]] for prompt in prompts]
+        self.last_prompts = prompt_ids
         rows = [ids for ids in prompt_ids for _sample in range(sampling.n)]
         samples: list[tuple[list[int], list[dict[int, Any]] | None]] = []
         for start in range(0, len(rows), self.max_num_seqs):

@@ -73,6 +73,9 @@ def typical_expert(engine: Any, prompts: list[list[int]]) -> tuple[int, int, int
     """(layer, expert, partner) for a one-expert fault: in the first MoE layer, the expert whose share of the routed
     tokens is closest to a balanced share (top_k / n_experts, about 3 % on DeepSeek-V3), and the least used other
     expert. A tiny random model routes most tokens to a few experts; the fault should hit a typical one."""
+    if not prompts:
+        msg = "a per-expert fault picks its expert by routing prompts: plant it in a sync after a generation (>= 2)"
+        raise ValueError(msg)
     config = engine.hf_config
     layer = _moe_layer(engine)
     load = expert_loads(engine, prompts)[layer]
@@ -196,3 +199,70 @@ def sync(
     engine.model.check_complete(loaded)
     if planned.recompute_mla:
         recompute_mla_matrices(mla_impls(engine.runner.forward_context), engine.dtype)
+
+
+# --- planting a fault into the rehearsal's engine -----------------------------------------------------------------
+
+
+def parse_spec(spec: str) -> tuple[RolloutFault, int]:
+    """``NAME@SYNC`` (e.g. ``stale-layers@2``): the fault and the 1-based weight sync it is planted in."""
+    name, _, at = spec.partition("@")
+    if not at.isdigit() or int(at) < 1:
+        msg = f"rollout fault {spec!r}: expected NAME@SYNC with SYNC >= 1, e.g. stale-layers@2"
+        raise ValueError(msg)
+    return get(name), int(at)
+
+
+class Planter:
+    """Plants one fault into one weight sync of a ``CPUStandInLLM``, whoever drives the sync (the overlay's
+    ``update_weights`` in the rehearsal): wraps ``model.load_weights``, keeps the previous sync's weights for the
+    stale faults, and for ``mla-not-recomputed`` puts the previous MLA matrices back after the overlay re-derives
+    them. Probe prompts for the per-expert faults: the last prompts the engine generated for."""
+
+    def __init__(self, llm: Any, fault: RolloutFault, at_sync: int) -> None:
+        self.llm, self.fault, self.at_sync = llm, fault, at_sync
+        self.syncs = 0
+        self.previous: Weights | None = None
+        self.planted_in: int | None = None
+        self._load = llm.model.load_weights
+        llm.model.load_weights = self.load_weights
+
+    def load_weights(self, weights: Any) -> set[str]:
+        current = {name: tensor.detach().clone() for name, tensor in weights}
+        self.syncs += 1
+        planned = Sync(current)
+        if self.syncs == self.at_sync:
+            planned = self.fault.plant(self.llm, current, self.previous or current, list(self.llm.last_prompts))
+            self.planted_in = self.syncs
+            if not planned.recompute_mla:
+                self._keep_mla_matrices()
+            print(
+                f"rollout fault: planted {self.fault.name} ({self.fault.what}) in weight sync {self.syncs}", flush=True
+            )
+        self.previous = current
+        return self._load(planned.weights.items())
+
+    def _keep_mla_matrices(self) -> None:
+        """The next ``process_weights_after_loading`` of each MLA layer restores the matrices it has now."""
+        from r1_ascend.patches.impl.rollout_memory import MLA_DERIVED_MATRICES, mla_impls
+
+        for impl in mla_impls(self.llm.runner.forward_context):
+            kept = {attr: getattr(impl, attr).clone() for attr in MLA_DERIVED_MATRICES}
+
+            def restore(_act_dtype: Any, impl: Any = impl, kept: dict[str, torch.Tensor] = kept) -> None:
+                for attr, value in kept.items():
+                    setattr(impl, attr, value)
+                del impl.process_weights_after_loading  # back to the class's method for later syncs
+
+            impl.process_weights_after_loading = restore
+
+
+def plant_from_env(llm: Any) -> Planter | None:
+    """The rehearsal's ``--rollout-fault``: read ``R1_ASCEND_REHEARSE_ROLLOUT_FAULT`` (``NAME@SYNC``) and plant it."""
+    from r1_ascend import envs
+
+    spec = envs.rehearse_rollout_fault()
+    if spec is None:
+        return None
+    fault, at_sync = parse_spec(spec)
+    return Planter(llm, fault, at_sync)

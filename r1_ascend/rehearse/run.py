@@ -477,13 +477,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--seed", type=int, help="seed of the data order, the actor and the rollout sampling (default: the configs')"
     )
+    parser.add_argument(
+        "--guard-levels",
+        choices=("cpu", "config"),
+        default="cpu",
+        help="the rollout guard's levels: measured for this CPU rehearsal (default), or the smoke config's NPU "
+        "levels, to measure healthy runs with for r1-ascend guard-levels",
+    )
     args = parser.parse_args(argv)
     if args.nodes < 2 or args.npus_per_node < 1:
         parser.error("--nodes must be >= 2 and --npus-per-node >= 1")
     if args.lr < 0:
         parser.error("--lr must be >= 0")
     rise = Plan.min_reward_rise if args.lr > 0 else None
-    plan = Plan(nodes=args.nodes, npus_per_node=args.npus_per_node, lr=args.lr, min_reward_rise=rise, seed=args.seed)
+    plan = Plan(
+        nodes=args.nodes,
+        npus_per_node=args.npus_per_node,
+        lr=args.lr,
+        min_reward_rise=rise,
+        seed=args.seed,
+        guard_levels=args.guard_levels,
+    )
     out = args.output_dir.resolve()
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     start = time.monotonic()

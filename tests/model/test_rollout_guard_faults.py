@@ -28,8 +28,6 @@ REPO = Path(__file__).resolve().parents[2]
 FAULT_STEP = 3
 #: Faults whose effect on this tiny model is within a few times bf16 noise, and why (docs/rollout_guard.md).
 NOT_SEPARABLE = {
-    "expert-swap": "a typical expert of the tiny random model moves log-probs by 0.4-4.7x the healthy maximum",
-    "expert-transposed": "as expert-swap: one expert's random weights add little to the residual stream",
     "yarn-off": "on 50-60 token contexts yarn changes only rotations that are negligible there",
 }
 

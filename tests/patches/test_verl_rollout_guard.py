@@ -385,6 +385,7 @@ def test_statistics_match_their_definitions() -> None:
     expected = {
         "abs_diff_mean": delta.abs().mean(),
         "abs_diff_max": delta.abs().max(),
+        "seq_abs_diff_median": torch.tensor(per_seq).quantile(0.5),
         "seq_abs_diff_max": max(per_seq),
         "tail_fraction": (delta.abs() > guard.TAIL_CUT).float().mean(),
         "kl_k1": (-delta).mean(),
