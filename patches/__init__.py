@@ -22,6 +22,8 @@ from ._apply import (
     summary_line,
 )
 from ._errors import (
+    CheckpointResumeError,
+    CheckpointSaveError,
     DpEpConfigError,
     DpEpGroupError,
     GroupRoutingConfigError,
@@ -46,6 +48,8 @@ from ._target import Target, check_signature, read_target, resolve_owner
 __all__ = [
     "PATCHES",
     "PROCESSES",
+    "CheckpointResumeError",
+    "CheckpointSaveError",
     "DpEpConfigError",
     "DpEpGroupError",
     "GroupRoutingConfigError",

@@ -84,3 +84,14 @@ class RolloutActorMismatchError(PatchError):
 
 class GroupRoutingConfigError(PatchError, ValueError):
     """The Megatron actor's MoE group routing would differ from the rollout engine's (DeepSeek-V3)."""
+
+
+# --- verl_checkpoint_integrity ------------------------------------------------------------------------------------
+
+
+class CheckpointSaveError(PatchError):
+    """Writing a checkpoint failed; the message names the checkpoint that is still complete."""
+
+
+class CheckpointResumeError(PatchError):
+    """A resume would load an incomplete checkpoint or silently start over beside existing ones."""

@@ -9,7 +9,9 @@ Order matters and is deliberate:
 5. ``mindspeed_torch_compile`` wraps the worker method that builds that rollout;
 6. ``verl_onpolicy_logprob`` changes the actor update and depends on nothing above;
 7. ``verl_rollout_guard`` wraps the trainer's loop last, so it sees the worker group after 6 changed it;
-8. ``verl_dpskv3_group_routing`` changes how verl builds the Megatron model config and depends on nothing above.
+8. ``verl_dpskv3_group_routing`` changes how verl builds the Megatron model config and depends on nothing above;
+9. ``verl_checkpoint_integrity`` changes when checkpoints are deleted and which one a resume takes; it depends on
+   nothing above.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ _SPMD = "verl.workers.rollout.vllm_rollout.vllm_rollout_spmd"
 _MEGATRON_WORKERS = "verl.workers.megatron_workers"
 _TRAINER = "verl.trainer.ppo.ray_trainer"
 _ACTOR = "verl.workers.actor.megatron_actor"
+_MEGATRON_CKPT = "verl.utils.checkpoint.megatron_checkpoint_manager"
 #: Parameters of verl 0.6.1 ``MegatronPPOActor.forward_backward_batch``.
 _FORWARD_BACKWARD_PARAMS = (
     "self",
@@ -162,6 +165,21 @@ PATCHES: tuple[PatchSpec, ...] = (
         ),
         requires=MappingProxyType({"verl": "0.6.1", "megatron-core": "0.12.1"}),
         processes=("worker",),
+    ),
+    PatchSpec(
+        name="verl_checkpoint_integrity",
+        targets=(
+            Target(
+                _MEGATRON_CKPT,
+                "MegatronCheckpointManager.save_checkpoint",
+                "verl",
+                params=("self", "local_path", "hdfs_path", "global_step", "max_ckpt_to_keep"),
+            ),
+            Target(_TRAINER, "RayPPOTrainer._save_checkpoint", "verl", params=("self",)),
+            Target(_TRAINER, "RayPPOTrainer._load_checkpoint", "verl", params=("self",)),
+        ),
+        requires=MappingProxyType({"verl": "0.6.1", "megatron-core": "0.12.1"}),
+        processes=("driver", "worker"),
     ),
 )
 

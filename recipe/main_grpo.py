@@ -52,6 +52,7 @@ class R1AscendTaskRunner(TaskRunner):
 
     def run(self, config: Any) -> None:
         raise_on_problems(check_recipe_config(config))
+        check_resume_before_workers(config)
         super().run(config)
 
     def add_actor_rollout_worker(self, config: Any) -> tuple[type, type]:
@@ -65,6 +66,17 @@ class R1AscendTaskRunner(TaskRunner):
             )
             raise RecipeConfigError(msg)
         return worker_cls, group_cls
+
+
+def check_resume_before_workers(config: Any) -> None:
+    """The resume check of patch ``verl_checkpoint_integrity``, before verl builds the workers (a minute at rehearsal
+    size, far more on the cluster) rather than inside ``_load_checkpoint`` after them: a broken checkpoint stops the
+    launch in seconds. It runs here, in the TaskRunner, because that is where verl resolves ``default_local_dir``."""
+    from r1_ascend.patches import verl_checkpoint_integrity as integrity
+    from r1_ascend.patches.rules.switches import read_switches
+
+    if read_switches().enabled(integrity.NAME):
+        integrity.check_resume(config.trainer)
 
 
 def run(config: Any) -> None:

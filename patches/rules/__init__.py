@@ -10,5 +10,7 @@ checks import the same functions, so each rule has exactly one definition:
   (``vllm_rollout_offload``, ``vllm_ascend_torchair_live_params``);
 - ``rollout_guard``: the guard's settings, statistic and stop rule (``verl_rollout_guard``);
 - ``group_routing``: the Megatron actor's DeepSeek-V3 group-limited routing against the rollout's
-  (``verl_dpskv3_group_routing``).
+  (``verl_dpskv3_group_routing``);
+- ``checkpoints``: which ``global_step_N`` checkpoints are complete, which one a resume takes and which ones may be
+  deleted (``verl_checkpoint_integrity``).
 """

@@ -6,6 +6,7 @@ A check never raises for a bad configuration; it reports what is wrong, what was
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from r1_ascend.launch.memory import GIB, MemoryInputs, PhaseEstimate, estimate
 from r1_ascend.launch.model_info import ModelConfigError, ModelInfo, known_model, load_model_info
 from r1_ascend.launch.units import human_count, plural
 from r1_ascend.parallel import Layout, LayoutError
+from r1_ascend.patches.rules.checkpoints import resume_decision
 from r1_ascend.patches.rules.dp_layout import DpEpConfigError, check_env_dp_size, rollout_dp_size
 from r1_ascend.weights.manifest import read_megatron_manifest
 
@@ -493,6 +495,26 @@ def check_checkpoint(run: Run) -> Iterator[Finding]:
         yield Finding("checkpoint", OK, f"{path}: torch_dist checkpoint (loads at any TP/PP/EP)")
 
 
+def check_resume_checkpoint(run: Run) -> Iterator[Finding]:
+    """The checkpoint a relaunch resumes from is complete, by the rule patch ``verl_checkpoint_integrity`` enforces
+    in the trainer: a partial ``global_step_N`` or a silent restart from step 0 is found before the cards are taken.
+    ``default_local_dir`` is resolved against the working directory, as verl resolves it."""
+    trainer = run.config.trainer
+    mode = trainer.get("resume_mode")
+    if mode == "disable":
+        yield Finding("checkpoint", OK, "trainer.resume_mode=disable: starts from step 0, checkpoints are not read")
+        return
+    if trainer.get("default_hdfs_dir") is not None:
+        yield Finding("checkpoint", SKIPPED, "skipped: resume from trainer.default_hdfs_dir (verl refuses it)")
+        return
+    root = Path(os.path.abspath(str(trainer.default_local_dir)))
+    resume_from = None
+    if mode == "resume_path" and trainer.get("resume_from_path"):
+        resume_from = Path(os.path.abspath(str(trainer.resume_from_path)))
+    decision = resume_decision(root, resume_from=resume_from)
+    yield Finding("checkpoint", OK if decision.ok else ERROR, f"resume ({mode}): {decision.message}")
+
+
 #: Largest ``.metadata`` scanned for layer keys (a 671B checkpoint's is a few tens of MB).
 _MAX_METADATA_SCAN = 512 * 1024 * 1024
 _LAYER_KEY = re.compile(rb"decoder\.layers\.(\d+)\.")
@@ -623,6 +645,7 @@ CHECKS: tuple[Callable[[Run], Iterable[Finding]], ...] = (
     check_model_config,
     check_data,
     check_checkpoint,
+    check_resume_checkpoint,
     check_trainer,
     check_patches,
     check_memory,

@@ -6,6 +6,7 @@ adding to that list (e.g. a guard's ``+r1_ascend.<key>=...`` switch or ``actor_r
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +54,8 @@ class Plan:
     response_length: int = 8
     actor_ep: int = 2
     lr: float = 3e-3
+    #: trainer.max_actor_ckpt_to_keep (None: every checkpoint of the run is kept)
+    max_ckpt_to_keep: int | None = None
     #: the mean reward of the last 3 steps must exceed that of the first 3 by this much (None: not checked)
     min_reward_rise: float | None = 0.25
     #: seeds the data order, the actor's Megatron RNG and the rollout's sampling (None: the configs' own seeds)
@@ -121,7 +124,7 @@ def overrides(plan: Plan, inputs: Inputs, out: Path, repo_root: Path) -> list[st
         f"trainer.test_freq={plan.test_freq}",
         "trainer.val_before_train=false",
         "trainer.resume_mode=auto",
-        f"trainer.max_actor_ckpt_to_keep={plan.total_steps}",
+        f"trainer.max_actor_ckpt_to_keep={plan.max_ckpt_to_keep or plan.total_steps}",
         f"trainer.default_local_dir={out / 'checkpoints'}",
         # Ray: the device stand-ins after the overlay's prelude in every worker; the lifecycle record directory
         # the rollout guard at the levels measured for this CPU rehearsal (GUARD_LEVELS), unless asked for the config's
@@ -157,13 +160,16 @@ def seed_overrides(seed: int | None) -> list[str]:
     ]
 
 
-def driver_command(python: str, plan: Plan, inputs: Inputs, out: Path, repo_root: Path) -> list[str]:
-    """The recipe's real entry point, as scripts/run_grpo_smoke_npu.sh runs it."""
-    return [
-        python,
-        "-m",
-        "r1_ascend.recipe.main_grpo",
-        "--config-name",
-        CONFIG_NAME,
-        *overrides(plan, inputs, out, repo_root),
-    ]
+def driver_command(
+    python: str, plan: Plan, inputs: Inputs, out: Path, repo_root: Path, extra: Sequence[str] = ()
+) -> list[str]:
+    """The recipe's real entry point, as scripts/run_grpo_smoke_npu.sh runs it; ``extra`` overrides replace the
+    rehearsal's own for the same key (Hydra refuses a key given twice)."""
+    command = [python, "-m", "r1_ascend.recipe.main_grpo", "--config-name", CONFIG_NAME]
+    return with_overrides([*command, *overrides(plan, inputs, out, repo_root)], extra)
+
+
+def with_overrides(command: Sequence[str], extra: Sequence[str]) -> list[str]:
+    """``command`` with the Hydra overrides ``extra`` appended, replacing any it has for the same keys."""
+    keys = {item.split("=", 1)[0] for item in extra}
+    return [item for item in command if "=" not in item or item.split("=", 1)[0] not in keys] + list(extra)

@@ -115,3 +115,14 @@ def judge_stop(text: str, log: Path, out: Path, name: str, code: int, stop_s: fl
         "checkpoints_left": checkpoints,
         "exit_code": code,
     }
+
+
+def print_rollout_fault_summary(summary: dict[str, object]) -> None:
+    fault = summary["rollout_fault"]
+    assert isinstance(fault, dict)
+    print(f"rehearse --rollout-fault {fault['name']}: stopped by the rollout guard")
+    for key, value in fault.items():
+        if key != "name":
+            print(f"  {key + ':':24} {value}")
+    if "wall_s" in summary:
+        print(f"  {'wall_s:':24} {summary['wall_s']}")

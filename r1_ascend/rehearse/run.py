@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -40,7 +41,9 @@ from r1_ascend.rehearse import training
 from r1_ascend.rehearse.budget import RssSampler
 from r1_ascend.rehearse.config import Plan, driver_command
 from r1_ascend.rehearse.export import ExportError, export
+from r1_ascend.rehearse.faults import FAULTS, FaultError, plan_for
 from r1_ascend.rehearse.inputs import make_inputs
+from r1_ascend.rehearse.rollout_faults import FAULTS as ROLLOUT_FAULTS
 from r1_ascend.rehearse.lifecycle import (
     LifecycleError,
     check_checkpoint_loads,
@@ -213,17 +216,21 @@ def _saved_step(checkpoints: Path) -> int:
     return int(text) if text.isdigit() else 0
 
 
-def kill_mid_step(driver: subprocess.Popen, out: Path, plan: Plan, log: Path) -> tuple[int, set[int]]:
-    """Wait for the first checkpoint and the next step's generation, then SIGKILL the driver; return that step."""
+def kill_mid_step(
+    driver: subprocess.Popen, out: Path, plan: Plan, log: Path, after_step: int | None = None
+) -> tuple[int, set[int]]:
+    """Wait for the checkpoint of ``after_step`` (default: the first) and the next step's generation, then SIGKILL
+    the driver; return that step and the workers it had."""
     checkpoints = out / "checkpoints"
-    _wait_for(lambda: _saved_step(checkpoints) >= plan.save_freq, "the first checkpoint", 900, driver, log)
+    saved = after_step or plan.save_freq
+    _wait_for(lambda: _saved_step(checkpoints) >= saved, f"the checkpoint of step {saved}", 900, driver, log)
     saved_at = time.time()
 
     def next_step_generating() -> bool:
         events = read_lifecycle(out / "lifecycle")
         return any(e["event"] == "generate" and not e.get("validate") and e["t"] > saved_at for e in events)
 
-    _wait_for(next_step_generating, f"step {plan.save_freq + 1} to start generating", 300, driver, log)
+    _wait_for(next_step_generating, f"step {saved + 1} to start generating", 300, driver, log)
     killed_step = _saved_step(checkpoints) + 1
     _log(f"killing the driver (pid {driver.pid}) in the middle of step {killed_step}")
     driver.send_signal(signal.SIGKILL)
@@ -233,11 +240,17 @@ def kill_mid_step(driver: subprocess.Popen, out: Path, plan: Plan, log: Path) ->
     return killed_step, workers
 
 
-def relaunch(cluster: Cluster, launch: Path, log: Path, timeout: float) -> None:
+def start_driver(cluster: Cluster, launch: Path, log: Path) -> subprocess.Popen:
+    """The driver command again, on the running cluster (``RAY_ADDRESS`` set, as the head's exec sets it)."""
     env = {**cluster.envs[0], "RAY_ADDRESS": cluster.address()}
     with log.open("w") as f:
         driver = subprocess.Popen([*cluster.prefix, "bash", str(launch)], env=env, stdout=f, stderr=f)
     cluster.drivers.append(driver)
+    return driver
+
+
+def relaunch(cluster: Cluster, launch: Path, log: Path, timeout: float) -> None:
+    driver = start_driver(cluster, launch, log)
     try:
         code = driver.wait(timeout)
     except subprocess.TimeoutExpired:
@@ -269,30 +282,41 @@ def check_joined(head_text: str, plan: Plan, log: Path) -> tuple[str, float]:
     return joined, total
 
 
-def check_resume(texts: list[str], logs: list[Path], plan: Plan, killed_step: int) -> tuple[list[list[int]], int]:
+def check_resume(
+    texts: list[str], logs: list[Path], plan: Plan, killed_step: int, expected_from: int | None = None
+) -> tuple[list[list[int]], int]:
     """Run 1 started fresh and was killed in ``killed_step``; run 2 loaded the checkpoint of the step before it
-    and ran every remaining step once. Returns the steps each run logged and the step run 2 resumed from."""
+    (or of ``expected_from``: the last complete one) and ran every remaining step once. Returns the steps each run
+    logged and the step run 2 resumed from."""
     steps = [sorted({int(s) for s in STEP_LINE.findall(t)}) for t in texts]
     if not steps[0] or steps[0] != list(range(1, steps[0][-1] + 1)):
         raise RehearsalError(f"run 1 logged steps {steps[0]}, expected 1, 2, ... from a fresh start; log: {logs[0]}")
     if max(steps[0], default=0) >= killed_step:
         raise RehearsalError(f"run 1 finished step {killed_step}, it was meant to be killed in it; log: {logs[0]}")
-    resumed = RESUME_LINE.findall(texts[1])
+    expected = killed_step - 1 if expected_from is None else expected_from
+    why = f"the last checkpoint before the kill in step {killed_step}"
+    return [steps[0], check_resumed(texts[1], logs[1], plan, expected, why)], expected
+
+
+def check_resumed(text: str, log: Path, plan: Plan, expected: int, why: str) -> list[int]:
+    """A relaunched run loaded ``global_step_<expected>`` and ran every remaining step once; returns its steps."""
+    steps = sorted({int(s) for s in STEP_LINE.findall(text)})
+    resumed = RESUME_LINE.findall(text)
     if not resumed:
         raise RehearsalError(
             f"the relaunched run did not resume from a checkpoint (no 'Load from checkpoint folder: ...global_step_N' "
-            f"line; it logged steps {steps[1]}); log: {logs[1]}"
+            f"line; it logged steps {steps}); log: {log}"
         )
     resumed_from = int(resumed[-1])
-    if resumed_from != killed_step - 1:
+    if resumed_from != expected:
         raise RehearsalError(
-            f"the relaunched run resumed from global_step_{resumed_from}, expected global_step_{killed_step - 1} "
-            f"(the last checkpoint before the kill in step {killed_step}); log: {logs[1]}"
+            f"the relaunched run resumed from global_step_{resumed_from}, expected global_step_{expected} "
+            f"({why}); log: {log}"
         )
     expected_after = list(range(resumed_from + 1, plan.total_steps + 1))
-    if steps[1] != expected_after:
-        raise RehearsalError(f"the resumed run logged steps {steps[1]}, expected {expected_after}; log: {logs[1]}")
-    return steps, resumed_from
+    if steps != expected_after:
+        raise RehearsalError(f"the resumed run logged steps {steps}, expected {expected_after}; log: {log}")
+    return steps
 
 
 def check_checkpoint(checkpoints: Path, step: int, world: int) -> None:
@@ -322,11 +346,16 @@ def check_validation(texts: list[str], logs: list[Path]) -> None:
         raise RehearsalError(f"no validation metrics (val-core/...) in the run logs: {', '.join(map(str, logs))}")
 
 
-def summarise(out: Path, logs: list[Path], plan: Plan, killed_step: int) -> dict[str, object]:
+def summarise(
+    out: Path, logs: list[Path], plan: Plan, killed_step: int, expected_from: int | None = None
+) -> dict[str, object]:
     texts = [_text(p) for p in logs]
     joined, npus = check_joined(texts[0], plan, logs[0])
-    steps, resumed_from = check_resume(texts, logs, plan, killed_step)
-    check_checkpoint(out / "checkpoints", resumed_from, plan.world)
+    steps, resumed_from = check_resume(texts, logs, plan, killed_step, expected_from)
+    # the checkpoint run 2 resumed from, unless the plan keeps fewer checkpoints than it saves: then the last one
+    check_checkpoint(
+        out / "checkpoints", resumed_from if plan.max_ckpt_to_keep is None else plan.total_steps, plan.world
+    )
     check_tensorboard(out / "tensorboard")
     check_validation(texts, logs)
     return {
@@ -370,11 +399,14 @@ def model_summary(events: list[dict[str, object]]) -> dict[str, object]:
     }
 
 
-def judge(out: Path, logs: list[Path], plan: Plan, killed_step: int, killed_pids: set[int]) -> dict[str, object]:
+def judge(
+    out: Path, logs: list[Path], plan: Plan, killed_step: int, killed_pids: set[int], expected_from: int | None = None
+) -> dict[str, object]:
     """Every verdict on a finished rehearsal, from what it left under ``out``; raises on the first that fails.
 
-    ``killed_pids``: the processes that had written a lifecycle record when the driver of run 1 was killed."""
-    summary = summarise(out, logs, plan, killed_step)
+    ``killed_pids``: the processes that had written a lifecycle record when the driver of run 1 was killed;
+    ``expected_from``: the step run 2 must resume from (default: the one before ``killed_step``)."""
+    summary = summarise(out, logs, plan, killed_step, expected_from)
     events = read_lifecycle(out / "lifecycle")
     try:
         summary["lifecycle"] = check_lifecycle(events, killed_pids, workers_per_run=plan.world)
@@ -414,7 +446,11 @@ def run_report(out: Path, logs: list[Path]) -> Path:
     return report_dir / "report.md"
 
 
-def rehearse(out: Path, plan: Plan, sampler: RssSampler, weights: Path | None = None) -> dict[str, object]:
+PLAN_FILE = "plan.json"
+
+
+def prepare(out: Path, plan: Plan, weights: Path | None) -> Path:
+    """A fresh output directory with the inputs, the plan and the driver's launch script; returns the script."""
     if out.exists():
         shutil.rmtree(out)
     (out / "lifecycle").mkdir(parents=True)
@@ -424,15 +460,30 @@ def rehearse(out: Path, plan: Plan, sampler: RssSampler, weights: Path | None = 
         inputs = make_inputs(out / "inputs", weights)
     except FileNotFoundError as exc:
         raise RehearsalError(str(exc)) from None
-    launch = out / "launch.sh"
-    command = driver_command(sys.executable, plan, inputs, out, REPO)
-    launch.write_text(f"#!/usr/bin/env bash\nset -euo pipefail\nexec {shlex.join(command)}\n")
+    (out / PLAN_FILE).write_text(json.dumps(dataclasses.asdict(plan), indent=2) + "\n")
+    return write_launch(out / "launch.sh", driver_command(sys.executable, plan, inputs, out, REPO))
+
+
+def write_launch(path: Path, command: list[str]) -> Path:
+    path.write_text(f"#!/usr/bin/env bash\nset -euo pipefail\nexec {shlex.join(command)}\n")
+    return path
+
+
+def new_cluster(out: Path, plan: Plan, launch: Path, sampler: RssSampler) -> Cluster:
+    """The simulated nodes' settings (nothing started yet); the head will exec ``launch``."""
     prefix, netns = make_netns()
     envs, temp_dir = node_envs(out, plan, launch)
     cluster = Cluster(out, plan, prefix, netns, envs, temp_dir)
     sampler.watch_cmdline(temp_dir)
     where = f"network namespace {netns}" if netns else "the host's loopback (no network namespace available)"
     _log(f"cluster: {plan.nodes} nodes x {plan.npus_per_node} NPU on {where}, Ray temp dir {temp_dir}")
+    return cluster
+
+
+def rehearse(out: Path, plan: Plan, sampler: RssSampler, weights: Path | None = None) -> dict[str, object]:
+    launch = prepare(out, plan, weights)
+    cluster = new_cluster(out, plan, launch, sampler)
+    temp_dir, netns = cluster.temp_dir, cluster.netns
     logs = [out / "run1.log", out / "run2.log"]
     try:
         head = start_cluster(cluster, logs[0])
@@ -484,11 +535,35 @@ def main(argv: list[str] | None = None) -> int:
         help="the rollout guard's levels: measured for this CPU rehearsal (default), or the smoke config's NPU "
         "levels, to measure healthy runs with for r1-ascend guard-levels",
     )
+        "--fault",
+        choices=FAULTS,
+        help="plant one checkpoint fault in a shorter run (4 steps) and check the run stops clearly and resumes from "
+        "the last complete checkpoint (docs/launch.md, Faults)",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the interrupted rehearsal in --output-dir on fresh nodes (nothing is deleted); Hydra overrides "
+        "may follow, e.g. the trainer.resume_from_path=... a refused resume printed",
+    )
+    parser.add_argument(
+        "--rollout-fault",
+        choices=sorted(ROLLOUT_FAULTS),
+        help="plant a rollout fault in the engine's second weight sync of a 2-step run; the rollout guard must stop "
+        "the run in that step (docs/rollout_guard.md)",
+    )
+    parser.add_argument("overrides", nargs="*", help="with --resume: Hydra overrides for the relaunch (key=value)")
     args = parser.parse_args(argv)
     if args.nodes < 2 or args.npus_per_node < 1:
         parser.error("--nodes must be >= 2 and --npus-per-node >= 1")
     if args.lr < 0:
         parser.error("--lr must be >= 0")
+    if args.overrides and not args.resume:
+        parser.error("overrides (key=value) are only taken with --resume")
+    if args.resume and (args.fault or args.rollout_fault):
+        parser.error("--resume continues a rehearsal; it plants no fault")
+    if args.fault and args.rollout_fault:
+        parser.error("plant one fault per run: --fault or --rollout-fault")
     rise = Plan.min_reward_rise if args.lr > 0 else None
     plan = Plan(
         nodes=args.nodes,
@@ -499,12 +574,32 @@ def main(argv: list[str] | None = None) -> int:
         guard_levels=args.guard_levels,
     )
     out = args.output_dir.resolve()
+    weights = args.weights.resolve() if args.weights else None
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     start = time.monotonic()
     with RssSampler() as sampler:
         try:
-            summary = rehearse(out, plan, sampler, args.weights.resolve() if args.weights else None)
-        except LifecycleError as exc:
+            if args.resume:
+                from r1_ascend.rehearse.resume import print_resume_summary as show
+                from r1_ascend.rehearse.resume import resume_rehearsal
+
+                summary = resume_rehearsal(out, args.overrides, sampler)
+            elif args.rollout_fault:
+                from r1_ascend.rehearse.rollout_fault_run import plan_for as rollout_plan
+                from r1_ascend.rehearse.rollout_fault_run import print_rollout_fault_summary as show
+                from r1_ascend.rehearse.rollout_fault_run import rehearse_rollout_fault
+
+                plan = rollout_plan(args.rollout_fault, plan)
+                summary = rehearse_rollout_fault(out, args.rollout_fault, plan, sampler, weights)
+            elif args.fault:
+                from r1_ascend.rehearse.fault_run import print_fault_summary as show
+                from r1_ascend.rehearse.fault_run import rehearse_fault
+
+                summary = rehearse_fault(out, args.fault, plan_for(args.fault, plan), sampler, weights)
+            else:
+                show = print_summary
+                summary = rehearse(out, plan, sampler, weights)
+        except (LifecycleError, FaultError) as exc:
             print(f"rehearse: failed: {exc}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:
@@ -519,8 +614,10 @@ def main(argv: list[str] | None = None) -> int:
     summary["concurrent_peak_pss_gib"] = round(sampler.concurrent_peak_pss / 1024**3, 2)
     summary["processes_sampled"] = sampler.process_count()
     summary["rss_by_process"] = sampler.breakdown()
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print_summary(summary)
+    variant = "resume" if args.resume else (args.fault or args.rollout_fault)
+    name = f"summary-{variant}.json" if variant else "summary.json"
+    (out / name).write_text(json.dumps(summary, indent=2) + "\n")
+    show(summary)
     return 0
 
 

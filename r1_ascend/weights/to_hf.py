@@ -23,6 +23,7 @@ import torch
 
 from r1_ascend.atomic import atomic_open, atomic_write_json, remove_stale_temps
 from r1_ascend.parallel import Layout
+from r1_ascend.patches.rules.checkpoints import dist_ckpt_problems
 from r1_ascend.weights.ckpt_root import CheckpointRoot, find_root
 from r1_ascend.weights.dcp_regions import read_regions
 from r1_ascend.weights.dequant import ShardPlan, check_output_inventory, shard_is_complete
@@ -51,6 +52,10 @@ def locate(path: Path, hf_dir: Path | None = None) -> CheckpointRoot:
             f"{path} is an HF directory, not a Megatron checkpoint: to-hf reads verl's global_step_N (or its actor/ "
             "or dist_ckpt/) or a dist checkpoint directory; the HF model needs no conversion."
         )
+        raise CheckpointFormatError(msg)
+    problems = dist_ckpt_problems(found.dist_ckpt)
+    if problems:
+        msg = f"{path} is not a complete checkpoint ({found.dist_ckpt}: {'; '.join(problems)}); export another one."
         raise CheckpointFormatError(msg)
     if hf_dir is not None:
         found = replace(found, hf_dir=Path(hf_dir).expanduser().resolve())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -347,3 +348,23 @@ def test_cli_imports_no_heavy_stack(smoke_inputs):
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_resume_from_a_truncated_latest_checkpoint_is_reported(smoke_inputs, tmp_path):
+    """The rule the trainer enforces at resume (patch verl_checkpoint_integrity) runs in preflight too."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "patches"))
+    import checkpoint_fakes as fakes
+
+    root = tmp_path / "checkpoints"
+    fakes.write_step(root, 2)
+    _, findings = _findings(smoke_inputs, f"trainer.default_local_dir={root}")
+    assert _errors(findings, "checkpoint") == []
+    assert any(f"resumes from {root / 'global_step_2'} (complete)" in f.message for f in findings)
+    fakes.truncate(fakes.shard(fakes.write_step(root, 4)))
+    _, findings = _findings(smoke_inputs, f"trainer.default_local_dir={root}")
+    message = _errors(findings, "checkpoint")[0]
+    assert "names step 4" in message
+    assert "truncated" in message
+    assert f"trainer.resume_from_path={root / 'global_step_2'}" in message
+    _, findings = _findings(smoke_inputs, f"trainer.default_local_dir={root}", "trainer.resume_mode=disable")
+    assert _errors(findings, "checkpoint") == []

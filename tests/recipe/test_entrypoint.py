@@ -108,6 +108,32 @@ def test_task_runner_refuses_before_building_anything(overlay_rollout: None, mon
         runner.add_actor_rollout_worker(compose(*GOOD, "actor_rollout_ref.rollout.mode=async"))
 
 
+def test_task_runner_refuses_a_broken_checkpoint_before_building_workers(
+    overlay_rollout: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The resume check runs in the TaskRunner before any worker is built; switched off with the patch."""
+    import sys
+
+    import verl.trainer.main_ppo
+
+    from r1_ascend.patches import CheckpointResumeError
+    from r1_ascend.recipe.main_grpo import R1AscendTaskRunner
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "patches"))
+    import checkpoint_fakes as fakes
+
+    monkeypatch.setattr(verl.trainer.main_ppo, "ray", type("RayStandIn", (), {"remote": staticmethod(lambda c: c)}))
+    fakes.truncate(fakes.shard(fakes.write_step(tmp_path, 2)))
+    config = compose(*GOOD, f"trainer.default_local_dir={tmp_path}")
+    runner = R1AscendTaskRunner()
+    with pytest.raises(CheckpointResumeError, match="names step 2"):
+        runner.run(config)
+    assert runner.role_worker_mapping == {}
+    monkeypatch.setenv("R1_ASCEND_DISABLE", "verl_checkpoint_integrity")
+    monkeypatch.setattr(verl.trainer.main_ppo.TaskRunner, "run", lambda self, config: "stock verl's run")
+    assert R1AscendTaskRunner().run(config) is None
+
+
 def test_prepare_config_sets_sync_mode_and_the_runtime_env(monkeypatch: pytest.MonkeyPatch) -> None:
     from omegaconf import open_dict
 

@@ -147,3 +147,13 @@ def test_unfinished_save_is_refused(tmp_path: Path) -> None:
     (tmp_path / "global_step_2" / "actor" / "dist_ckpt").mkdir(parents=True)
     with pytest.raises(CheckpointFormatError, match="unfinished save"):
         convert_megatron_to_hf(tmp_path / "global_step_2", tmp_path / "out", progress=False)
+
+
+def test_a_truncated_shard_is_refused_before_anything_is_written(hf_fixed: Path, tmp_path: Path) -> None:
+    """The rule verl_checkpoint_integrity and preflight use: torch's .metadata records each shard's size."""
+    step = _verl_checkpoint(tmp_path, hf_fixed, Layout())
+    shard = sorted((step / "actor" / "dist_ckpt").glob("*.distcp"))[0]
+    shard.write_bytes(shard.read_bytes()[:-1])
+    with pytest.raises(CheckpointFormatError, match=rf"shard {shard.name} is \d+ bytes, .* truncated"):
+        convert_megatron_to_hf(step, tmp_path / "back", progress=False)
+    assert not (tmp_path / "back").exists()

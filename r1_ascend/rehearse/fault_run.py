@@ -1,0 +1,82 @@
+"""``r1-ascend rehearse --fault NAME``: the rehearsal on a shorter plan with one checkpoint fault planted
+(r1_ascend.rehearse.faults), then the next launch and the run's verdicts.
+
+``kill-during-save`` and ``disk-full`` relaunch on the same cluster, as the plain rehearsal does after its kill, and
+the resumed run must pass the plain rehearsal's verdicts from the last complete checkpoint (steps, lifecycle, the
+checkpoint every worker loaded, preludes, finite metrics) and end with only the kept checkpoints, complete.
+``corrupt-latest`` ends with the refused relaunch: following its printed fix is ``r1-ascend rehearse --resume``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from r1_ascend.rehearse import faults, training
+from r1_ascend.rehearse.budget import RssSampler
+from r1_ascend.rehearse.config import Plan
+from r1_ascend.rehearse.run import (
+    _log,
+    _text,
+    check_joined,
+    judge,
+    kill_mid_step,
+    new_cluster,
+    prepare,
+    relaunch,
+    start_cluster,
+    start_driver,
+    stop_cluster,
+)
+
+
+def rehearse_fault(out: Path, fault: str, plan: Plan, sampler: RssSampler, weights: Path | None) -> dict[str, object]:
+    launch = prepare(out, plan, weights)
+    cluster = new_cluster(out, plan, launch, sampler)
+    logs = [out / "run1.log", out / "run2.log"]
+    try:
+        head = start_cluster(cluster, logs[0])
+        _log(f"run 1: the head runs the recipe entry point (log {logs[0]}); fault {fault}")
+        if fault == "corrupt-latest":
+            killed_step, killed = kill_mid_step(head, out, plan, logs[0], after_step=2 * plan.save_freq)
+            cut = faults.corrupt_latest(out, plan)
+            _log(f"killed in step {killed_step}; truncated {cut['truncated']} ({cut['bytes']} bytes)")
+            _log(f"run 2: relaunching onto the truncated checkpoint (log {logs[1]}); it must refuse")
+            since = time.monotonic()
+            outcome = faults.check_refusal(start_driver(cluster, launch, logs[1]), out, logs[1], cut, since, killed)
+        else:
+            plant = faults.kill_during_save if fault == "kill-during-save" else faults.disk_full
+            outcome = plant(head, out, plan, logs[0])
+            _log(f"{fault}: stopped {outcome.stop_s} s after the fault; run 2: relaunching (log {logs[1]})")
+            relaunch(cluster, launch, logs[1], timeout=900)
+    finally:
+        _log("stopping the drivers and the Ray nodes (recorded pids)")
+        stop_cluster(cluster)
+    summary: dict[str, object] = {"ray_temp_dir": cluster.temp_dir, "netns": cluster.netns}
+    if fault == "corrupt-latest":
+        summary["nodes_joined"], summary["npus_seen"] = check_joined(_text(logs[0]), plan, logs[0])
+    else:
+        summary.update(judge(out, logs, plan, outcome.step, outcome.killed_pids, expected_from=outcome.resume_from))
+        metrics = training.step_metrics(logs)
+        training.check_finite(metrics, logs)
+        summary["checkpoints_kept"] = faults.check_kept(out, plan)
+    summary["fault"] = {
+        "name": fault,
+        "step": outcome.step,
+        "last_complete_checkpoint": outcome.resume_from,
+        "time_to_stop_s": outcome.stop_s,
+        **outcome.seen,
+    }
+    return summary
+
+
+def print_fault_summary(summary: dict[str, object]) -> None:
+    fault = summary["fault"]
+    assert isinstance(fault, dict)
+    print(f"rehearse --fault {fault['name']}: ok")
+    for key, value in fault.items():
+        if key != "name":
+            print(f"  {key + ':':28} {value}")
+    for key in ("resumed_from_step", "steps_run", "lifecycle", "checkpoint_loads", "checkpoints_kept", "wall_s"):
+        if key in summary:
+            print(f"  {key + ':':28} {summary[key]}")

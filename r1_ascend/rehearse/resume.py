@@ -1,0 +1,121 @@
+"""``r1-ascend rehearse --resume [key=value ...]``: continue an interrupted rehearsal in its output directory.
+
+It starts the simulated nodes afresh, runs the rehearsal's own launch script (with the given Hydra overrides, e.g.
+the ``trainer.resume_from_path=...`` a refused resume printed) and checks what a relaunch on a cluster must do:
+resume from the tracked checkpoint (or the one named by ``trainer.resume_from_path``), run every remaining step
+once, every new worker loading that checkpoint before it generates, no metric NaN, the last checkpoint complete.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+from r1_ascend.patches.rules.checkpoints import read_tracker
+from r1_ascend.rehearse import training
+from r1_ascend.rehearse.budget import RssSampler
+from r1_ascend.rehearse.config import Plan, with_overrides
+from r1_ascend.rehearse.lifecycle import (
+    LifecycleError,
+    check_checkpoint_loads,
+    check_lifecycle,
+    check_preludes,
+    read_lifecycle,
+)
+from r1_ascend.rehearse.run import (
+    PLAN_FILE,
+    RehearsalError,
+    _log,
+    _text,
+    check_checkpoint,
+    check_joined,
+    check_resumed,
+    new_cluster,
+    start_cluster,
+    stop_cluster,
+    write_launch,
+)
+
+_RESUME_FROM = re.compile(r"trainer\.resume_from_path=\S*global_step_(\d+)/?$")
+
+
+def _launch_command(launch: Path) -> list[str]:
+    line = next((x for x in _text(launch).splitlines() if x.startswith("exec ")), None)
+    if line is None:
+        raise RehearsalError(f"{launch} has no 'exec ...' line: not a rehearsal's launch script")
+    return shlex.split(line.removeprefix("exec "))
+
+
+def expected_step(out: Path, extra: list[str]) -> int:
+    """The step the relaunch must resume from: the one ``trainer.resume_from_path`` names, else the tracked one."""
+    for item in extra:
+        if match := _RESUME_FROM.match(item):
+            return int(match.group(1))
+    tracked = read_tracker(out / "checkpoints")
+    if not isinstance(tracked, int):
+        raise RehearsalError(
+            f"nothing to resume in {out}: {tracked or 'no latest_checkpointed_iteration.txt under checkpoints/'}"
+        )
+    return tracked
+
+
+def resume_rehearsal(out: Path, extra: list[str], sampler: RssSampler) -> dict[str, object]:
+    if not (out / PLAN_FILE).is_file() or not (out / "launch.sh").is_file():
+        raise RehearsalError(f"{out} holds no rehearsal to resume ({PLAN_FILE} and launch.sh are missing)")
+    plan = Plan(**json.loads((out / PLAN_FILE).read_text()))
+    expected = expected_step(out, extra)
+    launch = write_launch(out / "launch-resume.sh", with_overrides(_launch_command(out / "launch.sh"), extra))
+    index = 1 + max(
+        (int(m.group(1)) for p in out.glob("run*.log") if (m := re.fullmatch(r"run(\d+)\.log", p.name))), default=0
+    )
+    log = out / f"run{index}.log"
+    before = {int(e["pid"]) for e in read_lifecycle(out / "lifecycle")}
+    shutil.rmtree(out / "nodes", ignore_errors=True)  # the previous cluster's start logs would read as this one's
+    cluster = new_cluster(out, plan, launch, sampler)
+    try:
+        head = start_cluster(cluster, log)
+        _log(f"run {index}: the head runs the rehearsal's launch script again (log {log}); expected resume: {expected}")
+        try:
+            code = head.wait(900)
+        except subprocess.TimeoutExpired:
+            raise RehearsalError(f"the resumed run did not finish within 900 s; log: {log}") from None
+    finally:
+        _log("stopping the drivers and the Ray nodes (recorded pids)")
+        stop_cluster(cluster)
+    if code != 0:
+        raise RehearsalError(f"the resumed run failed with exit code {code}; log: {log}")
+    text = _text(log)
+    joined, npus = check_joined(text, plan, log)
+    steps = check_resumed(text, log, plan, expected, "the tracked checkpoint or trainer.resume_from_path")
+    events = [e for e in read_lifecycle(out / "lifecycle") if int(e["pid"]) not in before]
+    try:
+        lifecycle = check_lifecycle(events, set(), workers_per_run=None)
+        if len({int(e["pid"]) for e in events if e["event"] == "release"}) != plan.world:
+            raise LifecycleError(f"expected {plan.world} rollout workers in the resumed run; records: {out}")
+        loads = check_checkpoint_loads(events, set(), expected)
+        preludes = check_preludes([text], events)
+    except LifecycleError as exc:
+        raise LifecycleError(f"{exc}; records: {out / 'lifecycle'}, log: {log}") from exc
+    training.check_finite(training.step_metrics([log]), [log])
+    check_checkpoint(out / "checkpoints", plan.total_steps, plan.world)
+    return {
+        "nodes_joined": joined,
+        "npus_seen": npus,
+        "resumed_from_step": expected,
+        "steps_run": {f"run {index} (resumed)": steps},
+        "lifecycle": lifecycle,
+        "checkpoint_loads": loads,
+        "preludes": preludes,
+        "ray_temp_dir": cluster.temp_dir,
+        "netns": cluster.netns,
+    }
+
+
+def print_resume_summary(summary: dict[str, object]) -> None:
+    print("rehearse --resume: ok")
+    for key in ("nodes_joined", "resumed_from_step", "steps_run", "lifecycle", "checkpoint_loads", "wall_s"):
+        print(f"  {key + ':':20} {summary[key]}")

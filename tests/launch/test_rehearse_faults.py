@@ -1,0 +1,140 @@
+"""``r1-ascend rehearse --fault NAME`` and ``--resume``: each checkpoint fault planted in the real run (4 steps).
+
+Every test checks the fault's own verdicts (the rehearsal fails otherwise), the measured time to stop against its
+bound, and that nothing the run started is left. With ``R1_ASCEND_DISABLE=verl_checkpoint_integrity`` each of them
+fails (docs/launch.md, Faults).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from r1_ascend.rehearse.config import Plan, with_overrides
+from r1_ascend.rehearse.faults import RELAUNCH_BOUND_S, STOP_BOUND_S, FaultError, check_kept, plan_for
+from r1_ascend.rehearse.run import RehearsalError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "patches"))
+import checkpoint_fakes as fakes
+
+# --- fast: the fault plans and verdicts ----------------------------------------------------------------------------
+
+
+def test_fault_plans_are_short_and_keep_what_the_671b_config_keeps() -> None:
+    for name in ("kill-during-save", "disk-full"):
+        plan = plan_for(name, Plan())
+        assert (plan.total_steps, plan.save_freq, plan.max_ckpt_to_keep, plan.min_reward_rise) == (2, 1, 1, None)
+    plan = plan_for("corrupt-latest", Plan())
+    assert (plan.total_steps, plan.save_freq, plan.max_ckpt_to_keep) == (3, 1, 2)
+
+
+def test_resume_overrides_replace_the_launch_scripts_own() -> None:
+    command = ["python", "-m", "x", "--config-name", "c", "trainer.resume_mode=auto", "a=1"]
+    assert with_overrides(command, ["trainer.resume_mode=resume_path", "b=2"]) == [
+        "python",
+        "-m",
+        "x",
+        "--config-name",
+        "c",
+        "a=1",
+        "trainer.resume_mode=resume_path",
+        "b=2",
+    ]
+
+
+def test_only_the_kept_complete_checkpoints_may_be_left(tmp_path: Path) -> None:
+    plan = plan_for("kill-during-save", Plan())
+    root = tmp_path / "checkpoints"
+    fakes.write_step(root, 2)
+    assert check_kept(tmp_path, plan).startswith("global_step_2 kept")
+    fakes.write_step(root, 1, track=False)
+    with pytest.raises(FaultError, match=r"steps \[1, 2\], expected the newest kept ones \[2\]"):
+        check_kept(tmp_path, plan)
+    shutil.rmtree(root / "global_step_1")
+    fakes.truncate(fakes.shard(root / "global_step_2"))
+    with pytest.raises(FaultError, match="truncated"):
+        check_kept(tmp_path, plan)
+
+
+def test_resume_expects_the_step_the_override_names_else_the_tracked_one(tmp_path: Path) -> None:
+    from r1_ascend.rehearse.resume import expected_step
+
+    root = tmp_path / "checkpoints"
+    with pytest.raises(RehearsalError, match="nothing to resume"):
+        expected_step(tmp_path, [])
+    fakes.write_step(root, 3)
+    assert expected_step(tmp_path, []) == 3
+    assert expected_step(tmp_path, [f"trainer.resume_from_path={root / 'global_step_1'}"]) == 1
+
+
+# --- slow: each fault in the real run -------------------------------------------------------------------------------
+
+
+def _rehearse(*args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "r1_ascend.cli", "rehearse", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=1200, check=False)
+
+
+def _nothing_left(summary: dict) -> None:
+    left = subprocess.run(["pgrep", "-f", summary["ray_temp_dir"]], capture_output=True, text=True, check=False)
+    assert left.stdout.split() == [], f"processes left under {summary['ray_temp_dir']}"
+    if summary["netns"]:
+        names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
+        assert summary["netns"] not in names
+
+
+def _fault(out: Path, name: str) -> dict:
+    done = _rehearse("--fault", name, "--output-dir", str(out))
+    assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
+    summary = json.loads((out / f"summary-{name}.json").read_text())
+    _nothing_left(summary)
+    return summary
+
+
+@pytest.mark.slow
+def test_kill_during_save_resumes_from_the_last_complete_checkpoint(tmp_path: Path) -> None:
+    summary = _fault(tmp_path / "out", "kill-during-save")
+    fault = summary["fault"]
+    assert fault["previous_checkpoint_at_kill"] == "complete"
+    assert fault["killed_while"].startswith("global_step_2")
+    assert fault["time_to_stop_s"] < STOP_BOUND_S
+    assert summary["resumed_from_step"] == 1
+    assert summary["steps_run"]["run 2 (resumed)"] == [2]
+    assert summary["checkpoints_kept"].startswith("global_step_2 kept")
+
+
+@pytest.mark.slow
+def test_disk_full_stops_with_the_intact_checkpoint_named_and_resumes_from_it(tmp_path: Path) -> None:
+    summary = _fault(tmp_path / "out", "disk-full")
+    fault = summary["fault"]
+    assert fault["error"].startswith("CheckpointSaveError: saving checkpoint global_step_2")
+    assert "the last complete checkpoint is global_step_1" in fault["error"]
+    assert fault["time_to_stop_s"] < STOP_BOUND_S
+    assert summary["resumed_from_step"] == 1
+    assert summary["steps_run"]["run 2 (resumed)"] == [2]
+
+
+@pytest.mark.slow
+def test_corrupt_latest_is_refused_and_resume_from_the_printed_checkpoint_finishes(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    summary = _fault(out, "corrupt-latest")
+    fault = summary["fault"]
+    assert fault["time_to_stop_s"] < RELAUNCH_BOUND_S
+    assert "names step 2" in fault["error"]
+    fix = re.search(r"trainer\.resume_mode=resume_path trainer\.resume_from_path=(\S+)", fault["error"])
+    assert fix, fault["error"]
+    assert fix.group(1) == str(out / "checkpoints" / "global_step_1")
+    broken = out / "checkpoints" / "global_step_2"
+    shutil.move(broken, broken.with_name("global_step_2.broken"))  # the fix's first half: move it aside
+    done = _rehearse("--resume", "--output-dir", str(out), fix.group(0).split()[0], fix.group(0).split()[1])
+    assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
+    resumed = json.loads((out / "summary-resume.json").read_text())
+    assert resumed["resumed_from_step"] == 1
+    assert resumed["steps_run"] == {"run 3 (resumed)": [2, 3]}
+    _nothing_left(resumed)
