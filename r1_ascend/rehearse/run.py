@@ -43,7 +43,6 @@ from r1_ascend.rehearse.config import Plan, driver_command
 from r1_ascend.rehearse.export import ExportError, export
 from r1_ascend.rehearse.faults import FAULTS, FaultError, plan_for
 from r1_ascend.rehearse.inputs import make_inputs
-from r1_ascend.rehearse.rollout_faults import FAULTS as ROLLOUT_FAULTS
 from r1_ascend.rehearse.lifecycle import (
     LifecycleError,
     check_checkpoint_loads,
@@ -51,6 +50,7 @@ from r1_ascend.rehearse.lifecycle import (
     check_preludes,
     read_lifecycle,
 )
+from r1_ascend.rehearse.rollout_faults import FAULTS as ROLLOUT_FAULTS
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "ray_start_npu.sh"
@@ -535,6 +535,7 @@ def main(argv: list[str] | None = None) -> int:
         help="the rollout guard's levels: measured for this CPU rehearsal (default), or the smoke config's NPU "
         "levels, to measure healthy runs with for r1-ascend guard-levels",
     )
+    parser.add_argument(
         "--fault",
         choices=FAULTS,
         help="plant one checkpoint fault in a shorter run (4 steps) and check the run stops clearly and resumes from "
