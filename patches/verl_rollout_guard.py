@@ -28,20 +28,22 @@ meaningful at equal temperature, which vLLM 0.9.1 does not give (raw-logit log-p
 ``logits / temperature``; the recipes sample at 0.9).
 
 How:
-Settings under the top-level key ``r1_ascend.rollout_guard`` (``enabled``, default true; ``max_mean_abs_diff``,
-default 1.0 nat, derived in docs/rollout_guard.md). When enabled, ``fit`` first requires ``calculate_log_probs``,
-then wraps the worker group's methods for the run. If the old-log-prob pass ran, the driver compares its
-``old_log_probs`` with ``rollout_log_probs`` over ``response_mask`` before the update; if the on-policy shortcut
-(verl_onpolicy_logprob) skipped the pass, the actor's own log-probs from the update are used: the wrapped metrics
-function emits per-micro-batch partial sums, verl merges them over data-parallel ranks, and the driver folds them.
-The metrics ``rollout_guard/log_prob_abs_diff_mean``, ``_max``, ``threshold``, ``tokens`` and
-``measured_in_update`` join the step's actor metrics. A mean above the threshold (or NaN) raises
-``RolloutActorMismatchError`` naming the step, the magnitude, the threshold and the likely causes. In the engine,
-``Sampler.forward`` keeps upstream sampling untouched and replaces only the returned log-probs by those of
-``log_softmax(logits / temperature)`` (raw logits for greedy rows), what the actor computes.
-Caveats: one-step-stale weights move log-probs by about the per-step policy change, below bf16 noise, and are not
-stopped; top_p/top_k < 1 in training are not modelled by the actor either; with the shortcut the stop comes after
-that step's update (before its checkpoint), without it before the update.
+Settings under the top-level key ``r1_ascend.rollout_guard``: ``enabled`` (default true) and per-statistic levels
+``warn.<statistic>`` and ``stop.<statistic>`` (defaults measured in docs/rollout_guard.md). When enabled, ``fit``
+first requires ``calculate_log_probs``, then wraps the worker group's methods for the run. If the old-log-prob pass
+ran, the driver compares its ``old_log_probs`` with ``rollout_log_probs`` over ``response_mask`` before the update;
+if the on-policy shortcut (verl_onpolicy_logprob) skipped the pass, the actor's own log-probs from the update are
+used: the wrapped metrics function emits per-micro-batch partials (sums, counts, maxima), verl merges them over
+data-parallel ranks, and the driver folds them. The statistics (mean, per-sequence maximum and tail fraction of
+|Δ log-prob|, KL estimators, the probability ratio error), the levels in force and the counts join the step's actor
+metrics under ``rollout_guard/``. A statistic above its warn level logs a warning and sets
+``rollout_guard/warned``; above its stop level (or NaN) ``RolloutActorMismatchError`` names the step, the
+statistic, its value, the level and the likely causes. In the engine, ``Sampler.forward`` keeps upstream sampling
+untouched and replaces only the returned log-probs by those of ``log_softmax(logits / temperature)`` (raw logits
+for greedy rows), what the actor computes.
+Caveats: weights one step stale differ from the actor by one update; whether that is caught depends on the
+learning rate (docs/rollout_guard.md); top_p/top_k < 1 in training are not modelled by the actor either; with the
+shortcut the stop comes after that step's update (before its checkpoint), without it before the update.
 
 Upstream fix:
 none at verl 0.6.1: ``calculate_debug_metrics`` logs ``training/rollout_probs_diff_*`` but never stops a run, and
@@ -136,7 +138,7 @@ class StepGuard:
             stats = guard.DiffStats.from_tensors(
                 output.batch["old_log_probs"], data.batch["rollout_log_probs"], data.batch["response_mask"]
             )
-            guard.check(stats, self.config, step=self.step, in_update=False)
+            guard.check(stats, self.config, step=self.step, in_update=False)  # stop before the update
             self.pending = stats
             return output
 
@@ -159,8 +161,10 @@ class StepGuard:
                     f"'rollout_correction'"
                 )
                 raise guard.RolloutActorMismatchError(msg)
-            guard.check(stats, self.config, step=self.step, in_update=in_update)
-            values = guard.metrics(stats, self.config, in_update=in_update)
+            verdict = guard.check(stats, self.config, step=self.step, in_update=in_update)
+            if verdict.warned:
+                logger.warning(guard.warning_message(verdict, self.config, step=self.step))
+            values = guard.metrics(stats, self.config, in_update=in_update, verdict=verdict)
             self.history.append(values)
             metrics.update(values)
             return output

@@ -49,6 +49,12 @@ RAY_CONNECT_TIMEOUT_DEFAULT_S = 30.0
 #: Directory the CPU rehearsal's stand-in workers append their lifecycle records to (set by ``r1-ascend rehearse``
 #: in the Ray runtime env). Unset: nothing is recorded.
 R1_ASCEND_REHEARSE_DIR = "R1_ASCEND_REHEARSE_DIR"
+#: Seed of the CPU rehearsal's rollout sampling (``r1-ascend rehearse --seed``; verl 0.6.1's rollout config has no
+#: seed key and always passes 0 to the engine). Unset: 0.
+R1_ASCEND_REHEARSE_SEED = "R1_ASCEND_REHEARSE_SEED"
+#: ``NAME@SYNC``: the CPU rehearsal's rollout engine plants that fault (r1_ascend.rehearse.rollout_faults) into its
+#: SYNC-th weight sync (``r1-ascend rehearse --rollout-fault``). Unset: none.
+R1_ASCEND_REHEARSE_ROLLOUT_FAULT = "R1_ASCEND_REHEARSE_ROLLOUT_FAULT"
 
 _TRUE = {"1", "true", "yes", "on"}
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -120,6 +126,21 @@ def ray_connect_timeout(environ: Mapping[str, str] | None = None) -> float:
             f"{R1_ASCEND_RAY_CONNECT_TIMEOUT}={raw!r} is not a number of seconds; unset it (default 30) or give e.g. 60"
         )
         raise ValueError(msg) from None
+
+
+def rehearse_seed(environ: Mapping[str, str] | None = None) -> int:
+    """The rehearsal's rollout sampling seed (0 when unset)."""
+    raw = _env(environ).get(R1_ASCEND_REHEARSE_SEED) or "0"
+    try:
+        return int(raw)
+    except ValueError:
+        msg = f"{R1_ASCEND_REHEARSE_SEED}={raw!r} is not an integer seed"
+        raise ValueError(msg) from None
+
+
+def rehearse_rollout_fault(environ: Mapping[str, str] | None = None) -> str | None:
+    """The rollout fault the rehearsal's engine plants (``NAME@SYNC``), or None."""
+    return _env(environ).get(R1_ASCEND_REHEARSE_ROLLOUT_FAULT) or None
 
 
 def rehearse_dir(environ: Mapping[str, str] | None = None) -> str | None:

@@ -73,10 +73,14 @@ EXTENSION_KEYS: Mapping[str, str] = {
     f"{rollout_guard.CONFIG_KEY}.enabled": (
         "r1-ascend: compare rollout and actor log-probs each step, stop on a mismatch (patch verl_rollout_guard)"
     ),
-    f"{rollout_guard.CONFIG_KEY}.max_mean_abs_diff": (
-        "r1-ascend: the guard's stop threshold on the step's mean |log-prob difference|, in nats "
-        f"(default {rollout_guard.DEFAULT_MAX_MEAN_ABS_DIFF})"
-    ),
+    **{
+        f"{rollout_guard.CONFIG_KEY}.{level}.{name}": (
+            f"r1-ascend: the guard {'warns' if level == 'warn' else 'stops the run'} when the step's {name} is above "
+            f"this ({rollout_guard.UNITS[name]}; default {defaults[name]:g}, docs/rollout_guard.md)"
+        )
+        for level, defaults in (("warn", rollout_guard.DEFAULT_WARN), ("stop", rollout_guard.DEFAULT_STOP))
+        for name in rollout_guard.GATED
+    },
 }
 
 #: The keys in which the smoke overlay may differ from the 671B overlay (everything else must be identical, so the

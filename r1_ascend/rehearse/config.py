@@ -18,6 +18,28 @@ CONFIG_NAME = "grpo_deepseekv3_smoke"
 STANDINS_MODULE = "r1_ascend.rehearse.standins"
 
 
+#: The rollout guard's levels on this CPU rehearsal (both engines bf16 on the same CPU kernels, so far tighter than
+#: the NPU defaults): ``r1-ascend guard-levels`` on six healthy rehearsals (48 steps: the default seed, seeds 1 and
+#: 11-14), twice and four times the healthy maximum. Rehearsals with other seeds, not used here, stayed below every
+#: warn level (docs/rollout_guard.md "Levels").
+GUARD_LEVELS: dict[str, dict[str, float]] = {
+    "warn": {
+        "abs_diff_mean": 0.034,
+        "seq_abs_diff_median": 0.0075,
+        "seq_abs_diff_max": 0.16,
+        "tail_fraction": 0.01,
+        "kl_k3": 0.0049,
+    },
+    "stop": {
+        "abs_diff_mean": 0.067,
+        "seq_abs_diff_median": 0.015,
+        "seq_abs_diff_max": 0.32,
+        "tail_fraction": 0.02,
+        "kl_k3": 0.0097,
+    },
+}
+
+
 @dataclass(frozen=True)
 class Plan:
     """What the rehearsal runs: cluster shape and schedule (checkpoint every ``save_freq`` steps)."""
@@ -36,6 +58,13 @@ class Plan:
     max_ckpt_to_keep: int | None = None
     #: the mean reward of the last 3 steps must exceed that of the first 3 by this much (None: not checked)
     min_reward_rise: float | None = 0.25
+    #: seeds the data order, the actor's Megatron RNG and the rollout's sampling (None: the configs' own seeds)
+    seed: int | None = None
+    #: the rollout guard's levels: "cpu" (GUARD_LEVELS, measured for this rehearsal) or "config" (the smoke config's
+    #: own, set for NPU runs: loose enough to measure a healthy CPU run with, for r1-ascend guard-levels)
+    guard_levels: str = "cpu"
+    #: ``NAME@SYNC``: the CPU rollout engine plants that fault (r1_ascend.rehearse.rollout_faults); None: none
+    rollout_fault: str | None = None
 
     @property
     def world(self) -> int:
@@ -98,10 +127,36 @@ def overrides(plan: Plan, inputs: Inputs, out: Path, repo_root: Path) -> list[st
         f"trainer.max_actor_ckpt_to_keep={plan.max_ckpt_to_keep or plan.total_steps}",
         f"trainer.default_local_dir={out / 'checkpoints'}",
         # Ray: the device stand-ins after the overlay's prelude in every worker; the lifecycle record directory
+        # the rollout guard at the levels measured for this CPU rehearsal (GUARD_LEVELS), unless asked for the config's
+        *(
+            f"r1_ascend.rollout_guard.{level}.{name}={value}"
+            for level, values in (GUARD_LEVELS.items() if plan.guard_levels == "cpu" else ())
+            for name, value in values.items()
+        ),
+        *seed_overrides(plan.seed),
+        *(
+            [
+                f"+ray_kwargs.ray_init.runtime_env.env_vars.{envs.R1_ASCEND_REHEARSE_ROLLOUT_FAULT}='{plan.rollout_fault}'"
+            ]
+            if plan.rollout_fault
+            else []
+        ),
         f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES={STANDINS_MODULE}",
         f"+ray_kwargs.ray_init.runtime_env.env_vars.{envs.R1_ASCEND_REHEARSE_DIR}={out / 'lifecycle'}",
         f"+ray_kwargs.ray_init.runtime_env.env_vars.TENSORBOARD_DIR={out / 'tensorboard'}",
         "+ray_kwargs.ray_init.runtime_env.env_vars.RAY_DEDUP_LOGS='0'",
+    ]
+
+
+def seed_overrides(seed: int | None) -> list[str]:
+    """Another seed: another data order, actor RNG and rollout sampling (verl passes no rollout seed: the CPU engine
+    reads it from the runtime environment)."""
+    if seed is None:
+        return []
+    return [
+        f"data.seed={seed}",
+        f"actor_rollout_ref.actor.megatron.seed={seed}",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.{envs.R1_ASCEND_REHEARSE_SEED}={seed}",
     ]
 
 

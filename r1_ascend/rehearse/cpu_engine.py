@@ -29,6 +29,7 @@ build their recording fakes on, so the rehearsal and the tests stand in for vLLM
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 import types
 from collections.abc import Iterable, Mapping, Sequence
@@ -39,6 +40,8 @@ from typing import Any
 import torch
 from transformers import DeepseekV3ForCausalLM
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+
+from r1_ascend import envs
 
 BLOCK_SIZE = 16
 #: Sequences of ``max_model_len`` tokens the stand-in executor reports KV-cache memory for (vLLM needs at least one).
@@ -108,6 +111,19 @@ class Attention:
         self.attn_type = "decoder"
 
 
+def _absorbed_kv_b_proj(impl: Any, _module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], _output: Any) -> Any:
+    """``kv_b_proj(c_kv)`` recomputed from the MLA matrices vllm-ascend derived (``W_UK_T`` [heads, nope, lora],
+    ``W_UV`` [heads, lora, v]): vLLM's MLA decode multiplies by those copies, never by ``kv_b_proj.weight``, so the
+    engine's keys and values come from them too and copies left stale by a weight sync change its samples as they
+    would on the NPU. Same values as the projection while the copies are current (the same matrix, rebuilt)."""
+    if impl.W_UK_T is None or impl.W_UV is None:
+        msg = "the MLA matrices were released and not recomputed (process_weights_after_loading) before decoding"
+        raise RuntimeError(msg)
+    latent = inputs[0]
+    weight = torch.cat([impl.W_UK_T, impl.W_UV.transpose(1, 2)], dim=1).flatten(0, 1)  # [heads * (nope + v), lora]
+    return torch.nn.functional.linear(latent, weight.to(latent.dtype))
+
+
 def layer_name(index: int) -> str:
     return f"model.layers.{index}.self_attn.attn"
 
@@ -140,6 +156,8 @@ class ModelRunner:
         )
         for attention in context.values():  # vLLM's loader derives the MLA matrices once at start-up
             attention.impl.process_weights_after_loading(dtype)
+        for layer, attention in zip(model.model.layers, context.values(), strict=True):
+            layer.self_attn.kv_b_proj.register_forward_hook(functools.partial(_absorbed_kv_b_proj, attention.impl))
 
     def get_model(self) -> torch.nn.Module:
         return self.model
@@ -476,8 +494,14 @@ class CPUStandInLLM:
         available = kv_cache_bytes(self.runner, KV_CACHE_SEQUENCES * self.max_model_len)
         self.executor = Executor(self.runner, available)
         self.engine_core, self.llm_engine = start_engine(self.executor, self.max_model_len)
-        self.generator = torch.Generator().manual_seed(int(seed))
+        # verl 0.6.1 always passes seed 0; the rehearsal's --seed reaches the sampler through the environment
+        self.generator = torch.Generator().manual_seed(int(seed) + envs.rehearse_seed())
         self.prefix_cache_resets = 0
+        #: the prompts of the last ``generate`` (a planted per-expert fault picks its expert by their routing)
+        self.last_prompts: list[list[int]] = []
+        from r1_ascend.rehearse.rollout_faults import plant_from_env
+
+        self.fault = plant_from_env(self)
 
     def _build_model(self, model_dir: Path, load_format: str, seed: int) -> tuple[torch.nn.Module, MLADims]:
         """The model (dummy weights from ``seed``, or the directory's checkpoint) and its MLA dimensions."""
@@ -485,6 +509,15 @@ class CPUStandInLLM:
         if not load_format.startswith("dummy"):
             model.check_complete(model.load_weights(_checkpoint_tensors(model_dir)))
         return model, MLADims.from_hf_config(self.hf_config)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """What vLLM's loader does with new weights: ``model.load_weights``, then each MLA layer re-derives its
+        matrices (``process_weights_after_loading``). The overlay's ``update_weights`` does the same two steps."""
+        from r1_ascend.patches.impl.rollout_memory import mla_impls, recompute_mla_matrices
+
+        loaded = self.model.load_weights(weights)
+        recompute_mla_matrices(mla_impls(self.runner.forward_context), self.dtype)
+        return loaded
 
     def reset_prefix_cache(self) -> bool:
         self.prefix_cache_resets += 1
@@ -499,6 +532,7 @@ class CPUStandInLLM:
         sampling = Sampling.from_params(sampling_params)
         stop = set(sampling.stop_token_ids) | (set() if sampling.ignore_eos else {self.eos_token_id})
         prompt_ids = [[int(t) for t in prompt["prompt_token_ids"]] for prompt in prompts]
+        self.last_prompts = prompt_ids
         rows = [ids for ids in prompt_ids for _sample in range(sampling.n)]
         samples: list[tuple[list[int], list[dict[int, Any]] | None]] = []
         for start in range(0, len(rows), self.max_num_seqs):

@@ -50,6 +50,7 @@ from r1_ascend.rehearse.lifecycle import (
     check_preludes,
     read_lifecycle,
 )
+from r1_ascend.rehearse.rollout_faults import FAULTS as ROLLOUT_FAULTS
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "ray_start_npu.sh"
@@ -371,6 +372,7 @@ def judge_training(out: Path, logs: list[Path], plan: Plan) -> dict[str, object]
     metrics = training.step_metrics(logs)
     training.check_finite(metrics, logs)
     training.check_gradients(metrics)
+    training.check_guard_quiet(metrics)
     curve = training.reward_curve(metrics)
     if plan.min_reward_rise is not None:
         training.check_learning(curve, plan.min_reward_rise)
@@ -524,6 +526,16 @@ def main(argv: list[str] | None = None) -> int:
         "default: convert one under the output directory",
     )
     parser.add_argument(
+        "--seed", type=int, help="seed of the data order, the actor and the rollout sampling (default: the configs')"
+    )
+    parser.add_argument(
+        "--guard-levels",
+        choices=("cpu", "config"),
+        default="cpu",
+        help="the rollout guard's levels: measured for this CPU rehearsal (default), or the smoke config's NPU "
+        "levels, to measure healthy runs with for r1-ascend guard-levels",
+    )
+    parser.add_argument(
         "--fault",
         choices=FAULTS,
         help="plant one checkpoint fault in a shorter run (4 steps) and check the run stops clearly and resumes from "
@@ -535,6 +547,12 @@ def main(argv: list[str] | None = None) -> int:
         help="continue the interrupted rehearsal in --output-dir on fresh nodes (nothing is deleted); Hydra overrides "
         "may follow, e.g. the trainer.resume_from_path=... a refused resume printed",
     )
+    parser.add_argument(
+        "--rollout-fault",
+        choices=sorted(ROLLOUT_FAULTS),
+        help="plant a rollout fault in the engine's second weight sync of a 2-step run; the rollout guard must stop "
+        "the run in that step (docs/rollout_guard.md)",
+    )
     parser.add_argument("overrides", nargs="*", help="with --resume: Hydra overrides for the relaunch (key=value)")
     args = parser.parse_args(argv)
     if args.nodes < 2 or args.npus_per_node < 1:
@@ -543,10 +561,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--lr must be >= 0")
     if args.overrides and not args.resume:
         parser.error("overrides (key=value) are only taken with --resume")
-    if args.resume and args.fault:
+    if args.resume and (args.fault or args.rollout_fault):
         parser.error("--resume continues a rehearsal; it plants no fault")
+    if args.fault and args.rollout_fault:
+        parser.error("plant one fault per run: --fault or --rollout-fault")
     rise = Plan.min_reward_rise if args.lr > 0 else None
-    plan = Plan(nodes=args.nodes, npus_per_node=args.npus_per_node, lr=args.lr, min_reward_rise=rise)
+    plan = Plan(
+        nodes=args.nodes,
+        npus_per_node=args.npus_per_node,
+        lr=args.lr,
+        min_reward_rise=rise,
+        seed=args.seed,
+        guard_levels=args.guard_levels,
+    )
     out = args.output_dir.resolve()
     weights = args.weights.resolve() if args.weights else None
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
@@ -558,6 +585,13 @@ def main(argv: list[str] | None = None) -> int:
                 from r1_ascend.rehearse.resume import resume_rehearsal
 
                 summary = resume_rehearsal(out, args.overrides, sampler)
+            elif args.rollout_fault:
+                from r1_ascend.rehearse.rollout_fault_run import plan_for as rollout_plan
+                from r1_ascend.rehearse.rollout_fault_run import print_rollout_fault_summary as show
+                from r1_ascend.rehearse.rollout_fault_run import rehearse_rollout_fault
+
+                plan = rollout_plan(args.rollout_fault, plan)
+                summary = rehearse_rollout_fault(out, args.rollout_fault, plan, sampler, weights)
             elif args.fault:
                 from r1_ascend.rehearse.fault_run import print_fault_summary as show
                 from r1_ascend.rehearse.fault_run import rehearse_fault
@@ -581,9 +615,8 @@ def main(argv: list[str] | None = None) -> int:
     summary["concurrent_peak_pss_gib"] = round(sampler.concurrent_peak_pss / 1024**3, 2)
     summary["processes_sampled"] = sampler.process_count()
     summary["rss_by_process"] = sampler.breakdown()
-    name = (
-        "summary.json" if not (args.resume or args.fault) else f"summary-{'resume' if args.resume else args.fault}.json"
-    )
+    variant = "resume" if args.resume else (args.fault or args.rollout_fault)
+    name = f"summary-{variant}.json" if variant else "summary.json"
     (out / name).write_text(json.dumps(summary, indent=2) + "\n")
     show(summary)
     return 0

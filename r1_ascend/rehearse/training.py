@@ -12,11 +12,12 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from r1_ascend.patches.rules import rollout_guard as guard
 from r1_ascend.report.console import parse_console_file
 
 REWARD = "critic/score/mean"
 GRAD_NORM = "actor/grad_norm"
-GAP = "rollout_guard/log_prob_abs_diff_mean"
+GAP = guard.METRIC_MEAN
 
 
 class TrainingError(RuntimeError):
@@ -91,3 +92,21 @@ def max_gap(steps: dict[int, dict[str, float]]) -> float:
     if not gaps:
         raise TrainingError(f"{GAP} was never logged: the rollout guard did not measure the rollout")
     return max(gaps)
+
+
+def check_guard_quiet(steps: dict[int, dict[str, float]]) -> None:
+    """A healthy run never warns: no step has a guard statistic above the warn level it logged."""
+    loud = {}
+    for step, metrics in steps.items():
+        above = [
+            f"{key} = {metrics[key]:.4g} (warn level {metrics[level]:g})"
+            for key in (guard.METRIC_NAMES[name] for name in guard.GATED)
+            if key in metrics
+            and (level := guard.WARN_PREFIX + key.removeprefix(guard.PREFIX)) in metrics
+            and not metrics[key] <= metrics[level]
+        ]
+        if above or metrics.get(guard.METRIC_WARNED, 0.0) > 0:
+            loud[step] = above or [f"{guard.METRIC_WARNED} = 1"]
+    if loud:
+        shown = "; ".join(f"step {step}: {', '.join(items)}" for step, items in loud.items())
+        raise TrainingError(f"the rollout guard warned on a run that should be healthy: {shown}")

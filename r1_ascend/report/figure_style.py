@@ -1,7 +1,9 @@
 """Drawing rules that keep the report's curves legible.
 
 - One colour per series in a whole figure (all panels together), never grey (grey marks resume points) nor black
-  (black marks a logged threshold).
+  (black marks a logged level that belongs to no drawn series). A logged level is a thin step line in the colour of
+  the series it applies to: warn dotted, stop dashed.
+- Steps are integers on the x-axis; differences that span decades are drawn on a log axis.
 - The legend sits to the right of each panel, outside the plotted area, so it never covers data.
 - A series identical to one already drawn in the same panel (e.g. ``critic/score/mean`` and ``critic/rewards/mean``
   when the KL penalty is not in the reward, as in GRPO) is drawn dashed with hollow markers on top of a wider line,
@@ -23,6 +25,8 @@ FIGURE_HEIGHT_PX = 700
 DPI = 100
 RESUME_COLOR = "#7f7f7f"
 REFERENCE_COLOR = "#000000"
+#: Line styles of logged levels.
+REFERENCE_STYLES = {"warn": ":", "stop": "--"}
 # matplotlib's tab10 without its grey, then Dark2 and Set1 tones that differ from them.
 _PALETTE = (
     "#1f77b4",
@@ -77,6 +81,7 @@ def build_figure(title: str, panels: list[Panel], resume_steps: list[int]) -> Fi
     """A figure of stacked panels sharing the step axis; see the module docstring for the rules."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     figure = Figure(figsize=(FIGURE_WIDTH_PX / DPI, FIGURE_HEIGHT_PX / DPI), dpi=DPI, layout="constrained")
     FigureCanvasAgg(figure)
@@ -84,8 +89,10 @@ def build_figure(title: str, panels: list[Panel], resume_steps: list[int]) -> Fi
     palette = iter(colours(sum(len(p.series) for p in panels)))
     for axes, panel in zip(axes_list, panels, strict=True):
         duplicates = identical_to(panel.series)
+        drawn: dict[str, str] = {}
         for label, (steps, values) in panel.series.items():
             colour = next(palette)
+            drawn[label] = colour
             marker = "." if len(steps) < 60 else None
             if label in duplicates:
                 axes.plot(
@@ -111,9 +118,20 @@ def build_figure(title: str, panels: list[Panel], resume_steps: list[int]) -> Fi
                     zorder=2,
                     label=label,
                 )
-        if panel.reference is not None:
-            label, (steps, values) = panel.reference
-            axes.plot(steps, values, color=REFERENCE_COLOR, linestyle=":", drawstyle="steps-post", label=label)
+        for ref in panel.references:
+            colour = drawn.get(ref.of, REFERENCE_COLOR) if ref.of else REFERENCE_COLOR
+            label = f"{ref.label} ({ref.of})" if ref.of else ref.label
+            axes.plot(
+                ref.steps,
+                ref.values,
+                color=colour,
+                linestyle=REFERENCE_STYLES[ref.style],
+                linewidth=1.0,
+                drawstyle="steps-post",
+                label=label,
+            )
+        if panel.log_scale:
+            axes.set_yscale("log", nonpositive="mask")  # a zero difference has no place on it; it is not drawn
         for index, step in enumerate(resume_steps):
             axes.axvline(
                 step, color=RESUME_COLOR, linestyle="--", linewidth=0.8, label="resume" if index == 0 else None
@@ -122,5 +140,6 @@ def build_figure(title: str, panels: list[Panel], resume_steps: list[int]) -> Fi
         axes.grid(True, alpha=0.3)
         axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     axes_list[-1].set_xlabel("training step")
+    axes_list[-1].xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are integers
     figure.suptitle(title)
     return figure

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from r1_ascend.patches.rules import rollout_guard as guard
 from r1_ascend.report import metric_names as mn
 from r1_ascend.report.figure_style import DPI, build_figure
 from r1_ascend.report.run import RunData
@@ -19,12 +20,24 @@ logger = logging.getLogger(__name__)
 Series = dict[str, tuple[list[int], list[float]]]
 
 
+@dataclass(frozen=True)
+class Reference:
+    """A logged level drawn as a step line (warn dotted, stop dashed), in the colour of the series it applies to."""
+
+    label: str
+    steps: list[int]
+    values: list[float]
+    of: str | None = None  # the series it applies to; None: black
+    style: str = "warn"  # "warn" or "stop"
+
+
 @dataclass
 class Panel:
     ylabel: str
     series: Series
-    # drawn as a black dotted step line (e.g. a logged threshold), not as a data series
-    reference: tuple[str, tuple[list[int], list[float]]] | None = None
+    references: list[Reference] = field(default_factory=list)
+    # differences spanning decades (1e-7 healthy next to nats broken) are read on a log axis
+    log_scale: bool = False
 
 
 @dataclass
@@ -90,16 +103,40 @@ def _length_panels(run: RunData, _dies: int) -> list[Panel]:
     ]
 
 
+def _guard_references(run: RunData, stat: str) -> list[Reference]:
+    """The warn and stop levels the guard logged for ``stat`` (a key of ``rollout_guard.METRIC_NAMES``)."""
+    key = guard.METRIC_NAMES[stat]
+    found = []
+    for prefix, what in ((guard.WARN_PREFIX, "warn"), (guard.STOP_PREFIX, "stop")):
+        steps, values = run.series(prefix + key.removeprefix(guard.PREFIX))
+        if not steps and what == "stop" and key == guard.METRIC_MEAN:  # runs of releases before 0.5
+            steps, values = run.series(mn.ROLLOUT_GUARD_THRESHOLD)
+        if steps:
+            found.append(Reference(f"{what} level", steps, values, of=key, style=what))
+    return found
+
+
 def _consistency_panels(run: RunData, _dies: int) -> list[Panel]:
+    """Difference statistics only, each family on its own axis; counts, flags and levels are not data series."""
+    names = guard.METRIC_NAMES
     keys = sorted(run.keys())
-    guard = [k for k in keys if k.startswith(mn.ROLLOUT_GUARD_PREFIX) and k != mn.ROLLOUT_GUARD_THRESHOLD]
-    reference = None
-    if run.series(mn.ROLLOUT_GUARD_THRESHOLD)[0]:
-        reference = (f"{mn.ROLLOUT_GUARD_THRESHOLD} (stop above)", run.series(mn.ROLLOUT_GUARD_THRESHOLD))
     verl_diff = [k for k in keys if k.startswith(mn.ROLLOUT_PROBS_DIFF_PREFIX) and k != mn.ROLLOUT_PROBS_DIFF_VALID]
     return [
-        Panel("rollout guard", _pick(run, guard), reference),
-        Panel("|p_actor - p_rollout|", _pick(run, verl_diff)),
+        Panel(
+            "|Δ log-prob| (nats)",
+            _pick(run, [names[s] for s in ("abs_diff_mean", "seq_abs_diff_max", "abs_diff_max")]),
+            _guard_references(run, "abs_diff_mean") + _guard_references(run, "seq_abs_diff_max"),
+            log_scale=True,
+        ),
+        Panel(
+            "KL(rollout‖actor) (nats)", _pick(run, [names["kl_k3"]]), _guard_references(run, "kl_k3"), log_scale=True
+        ),
+        Panel(
+            "fraction of tokens",
+            _pick(run, [names["tail_fraction"]]),
+            _guard_references(run, "tail_fraction"),
+        ),
+        Panel("|p_actor - p_rollout|", _pick(run, verl_diff), log_scale=True),
         Panel("Pearson r of probs", _pick(run, [mn.ROLLOUT_ACTOR_PEARSON])),
     ]
 

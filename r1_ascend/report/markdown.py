@@ -6,6 +6,7 @@ import math
 import os
 from pathlib import Path
 
+from r1_ascend.patches.rules import rollout_guard as guard
 from r1_ascend.report import metric_names as mn
 from r1_ascend.report.attempts import COMPLETED, DIED, Attempt
 from r1_ascend.report.compare import CheckResult, regressed_stages
@@ -259,26 +260,67 @@ def _validation_section(run: RunData) -> list[str]:
     return [*lines, ""]
 
 
+def _level_series(run: RunData, key: str, prefix: str) -> dict[int, float]:
+    """The warn or stop level logged for guard statistic ``key`` at each step (``prefix``: warn/ or stop/)."""
+    steps, values = run.series(prefix + key.removeprefix(guard.PREFIX))
+    if not steps and prefix == guard.STOP_PREFIX and key == guard.METRIC_MEAN:  # runs of releases before 0.5
+        steps, values = run.series(mn.ROLLOUT_GUARD_THRESHOLD)
+    return dict(zip(steps, values, strict=True))
+
+
 def _consistency_section(run: RunData) -> list[str]:
-    prefixes = (mn.ROLLOUT_GUARD_PREFIX, mn.ROLLOUT_PROBS_DIFF_PREFIX, mn.ROLLOUT_ACTOR_PEARSON)
-    keys = [k for k in sorted(run.keys()) if k.startswith(prefixes) and k != mn.ROLLOUT_PROBS_DIFF_VALID]
-    keys = [k for k in keys if run.series(k)[0]]
-    if not keys:
+    """The guard's difference statistics against the levels logged with them, then verl's own comparison metrics.
+
+    Levels apply to the gated difference statistics only; counts and flags are never "above" anything."""
+    guard_keys = [k for k in guard.METRIC_NAMES.values() if run.series(k)[0]]
+    verl_prefixes = (mn.ROLLOUT_PROBS_DIFF_PREFIX, mn.ROLLOUT_ACTOR_PEARSON)
+    verl_keys = [
+        k
+        for k in sorted(run.keys())
+        if k.startswith(verl_prefixes) and k != mn.ROLLOUT_PROBS_DIFF_VALID and run.series(k)[0]
+    ]
+    if not guard_keys and not verl_keys:
         return []
-    _, thresholds = run.series(mn.ROLLOUT_GUARD_THRESHOLD)
-    threshold = min(thresholds) if thresholds else None
     lines = ["## Rollout–actor consistency", ""]
-    if threshold is not None:
-        lines += [f"The guard stops the run above `{mn.ROLLOUT_GUARD_THRESHOLD}` = {threshold:g}.", ""]
-    lines += ["| metric | last | max (step) | steps above threshold |", "|---|---:|---:|---:|"]
-    for key in keys:
-        steps, values = run.series(key)
-        top = max(range(len(values)), key=values.__getitem__)
-        above = NOT_LOGGED
-        if threshold is not None and key.startswith(mn.ROLLOUT_GUARD_PREFIX) and key != mn.ROLLOUT_GUARD_THRESHOLD:
-            above = _step_list([s for s, v in zip(steps, values, strict=True) if v > threshold]) or "none"
-        lines.append(f"| `{key}` | {values[-1]:.4g} | {values[top]:.4g} ({steps[top]}) | {above} |")
-    return [*lines, ""]
+    if guard_keys:
+        lines += [
+            "The guard warns above a statistic's warn level and stops the run above its stop level "
+            "(docs/rollout_guard.md).",
+            "",
+            "| statistic | last | max (step) | warn | stop | steps above warn | steps above stop |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for key in guard_keys:
+            steps, values = run.series(key)
+            top = max(range(len(values)), key=lambda i: -math.inf if math.isnan(values[i]) else values[i])
+            cells = []
+            for prefix in (guard.WARN_PREFIX, guard.STOP_PREFIX):
+                levels = _level_series(run, key, prefix)
+                above = [s for s, v in zip(steps, values, strict=True) if s in levels and not v <= levels[s]]
+                cells.append((f"{levels[max(levels)]:g}" if levels else "–", _step_list(above) or "none"))
+            (warn, over_warn), (stop, over_stop) = cells
+            if warn == "–":
+                over_warn = "–"
+            if stop == "–":
+                over_stop = "–"
+            lines.append(
+                f"| `{key}` | {values[-1]:.4g} | {values[top]:.4g} ({steps[top]}) | {warn} | {stop} | {over_warn} "
+                f"| {over_stop} |"
+            )
+        lines.append("")
+    if verl_keys:
+        lines += [
+            "verl's own comparison (logged, never acted on):",
+            "",
+            "| metric | last | max (step) |",
+            "|---|---:|---:|",
+        ]
+        for key in verl_keys:
+            steps, values = run.series(key)
+            top = max(range(len(values)), key=values.__getitem__)
+            lines.append(f"| `{key}` | {values[-1]:.4g} | {values[top]:.4g} ({steps[top]}) |")
+        lines.append("")
+    return lines
 
 
 def _figures_section(figures: list[FigureResult]) -> list[str]:

@@ -44,8 +44,9 @@ REWARD_KL_PENALTY = "actor/reward_kl_penalty"
 ROLLOUT_PROBS_DIFF_PREFIX = "training/rollout_probs_diff_"
 ROLLOUT_PROBS_DIFF_VALID = "training/rollout_probs_diff_valid"
 ROLLOUT_ACTOR_PEARSON = "training/rollout_actor_probs_pearson_corr"
-# The overlay's rollout-actor guard logs every key under this prefix; the threshold it stops at, when logged.
+# The overlay's rollout-actor guard logs every key under this prefix (names: r1_ascend.patches.rules.rollout_guard).
 ROLLOUT_GUARD_PREFIX = "rollout_guard/"
+# Its single stop level on the mean, as releases before 0.5 logged it.
 ROLLOUT_GUARD_THRESHOLD = "rollout_guard/threshold"
 
 # A console line may hold only validation metrics; these mark a line that describes a training step.

@@ -68,13 +68,17 @@ def init_single_rank(backend: str) -> None:
         parallel_state.initialize_model_parallel(1, 1, expert_model_parallel_size=1)
 
 
-def build_actor(hf_config: Any, dtype: Any, overrides: dict[str, Any]) -> tuple[list[Any], Any]:
-    """megatron-core's GPTModel as verl's actor builds it (DDP-wrapped; Float16Module in bf16)."""
+def build_actor(
+    hf_config: Any, dtype: Any, overrides: dict[str, Any], *, wrap_with_ddp: bool = True
+) -> tuple[list[Any], Any]:
+    """megatron-core's GPTModel as verl's actor builds it (DDP-wrapped unless asked not to; Float16Module in bf16)."""
     from verl.models.mcore import hf_to_mcore_config
     from verl.utils.megatron_utils import McoreModuleWrapperConfig, make_megatron_module
 
     tf_config = hf_to_mcore_config(hf_config, dtype, **overrides)
-    wrap = McoreModuleWrapperConfig(is_value_model=False, share_embeddings_and_output_weights=False, wrap_with_ddp=True)
+    wrap = McoreModuleWrapperConfig(
+        is_value_model=False, share_embeddings_and_output_weights=False, wrap_with_ddp=wrap_with_ddp
+    )
     return make_megatron_module(wrap_config=wrap, tf_config=tf_config, hf_config=hf_config), tf_config
 
 

@@ -52,7 +52,7 @@ def with_routing_bias(llm: CPUStandInLLM) -> CPUStandInLLM:
         if name.endswith("e_score_correction_bias")
     ]
     assert weights, "the smoke config has MoE layers"
-    llm.model.load_weights(weights)
+    llm.load_weights(weights)
     return llm
 
 
@@ -83,7 +83,7 @@ def test_load_weights_reproduces_a_transformers_models_logits_exactly(model_dir:
     for module in reference.modules():
         if hasattr(module, "e_score_correction_bias"):
             module.e_score_correction_bias.uniform_(-0.1, 0.1)
-    loaded = llm.model.load_weights(reference.state_dict().items())
+    loaded = llm.load_weights(reference.state_dict().items())
     assert llm.model.missing_weights(loaded) == []
     assert llm.model.load_history[-1] == loaded
     ids = torch.tensor([prompts(llm.hf_config.vocab_size)[2]["prompt_token_ids"]])
@@ -184,7 +184,7 @@ def test_same_seed_same_samples_other_seed_other_samples(model_dir: Path) -> Non
     engines = [make_llm(model_dir, seed=s) for s in (1, 1, 2)]
     state = dict(engines[0].model.state_dict())
     for llm in engines[1:]:
-        llm.model.load_weights(state.items())
+        llm.load_weights(state.items())
     params = SamplingParams(n=2, temperature=1.0, max_tokens=12, ignore_eos=True)
     batch = prompts(engines[0].hf_config.vocab_size)
     a, b, c = (samples(llm.generate(batch, params)) for llm in engines)

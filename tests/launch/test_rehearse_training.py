@@ -117,3 +117,29 @@ def test_a_resumed_step_replaces_the_killed_runs_value(tmp_path: Path) -> None:
     second = write_run(tmp_path / "run2.log", {2: healthy(2, 0.3), 3: healthy(3, 0.5)})
     rewards = training.reward_curve(training.step_metrics([first, second])).rewards
     assert rewards == {1: 0.1, 2: 0.3, 3: 0.5}
+
+
+def _with_guard(metrics: dict[str, float], mean: float, warn: float = 0.02, warned: float = 0.0) -> dict[str, float]:
+    return {
+        **metrics,
+        "rollout_guard__log_prob_abs_diff_mean": mean,
+        "rollout_guard__warn__log_prob_abs_diff_mean": warn,
+        "rollout_guard__warned": warned,
+    }
+
+
+def test_a_quiet_guard_passes(tmp_path: Path) -> None:
+    steps = {s: _with_guard(healthy(s, r), 0.004) for s, r in enumerate(REWARDS[:4], start=1)}
+    training.check_guard_quiet(training.step_metrics([write_run(tmp_path / "run.log", steps)]))
+
+
+@pytest.mark.parametrize("how", ["above the logged level", "flagged by the guard"])
+def test_a_warning_fails_a_run_that_should_be_healthy(tmp_path: Path, how: str) -> None:
+    steps = {s: _with_guard(healthy(s, r), 0.004) for s, r in enumerate(REWARDS[:4], start=1)}
+    if how == "above the logged level":
+        steps[3] = _with_guard(healthy(3, 0.2), 0.03)
+    else:
+        steps[3] = _with_guard(healthy(3, 0.2), 0.004, warned=1.0)
+    with pytest.raises(TrainingError, match=r"warned .*step 3: rollout_guard/") as info:
+        training.check_guard_quiet(training.step_metrics([write_run(tmp_path / "run.log", steps)]))
+    assert "step 2" not in str(info.value)

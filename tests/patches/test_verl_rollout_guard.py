@@ -231,19 +231,30 @@ def _trainer(trainer_class: type, config: DictConfig, group: StandInWorkerGroup,
 
 @pytest.mark.parametrize("shortcut", [False, True], ids=["old-log-prob-pass", "on-policy-shortcut"])
 def test_healthy_bf16_rollout_runs_every_step_and_logs_the_guard(
-    trainer_class: type, base_config: DictConfig, shortcut: bool
+    trainer_class: type, base_config: DictConfig, shortcut: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
     trainer = _trainer(trainer_class, base_config, StandInWorkerGroup("synced"), shortcut=shortcut)
     assert patched_by(trainer_class.__dict__["fit"]) == SPEC.name
     trainer.fit()
     assert len(trainer.logged) == STEPS
     for metrics in trainer.logged:
-        assert 0 < metrics[guard.METRIC_MEAN] < 0.1 * guard.DEFAULT_MAX_MEAN_ABS_DIFF
-        assert metrics[guard.METRIC_MAX] >= metrics[guard.METRIC_MEAN]
-        assert metrics[guard.METRIC_THRESHOLD] == guard.DEFAULT_MAX_MEAN_ABS_DIFF
+        for name in guard.GATED:
+            assert metrics[guard.METRIC_NAMES[name]] <= guard.DEFAULT_WARN[name], name
+            assert (
+                metrics[guard.WARN_PREFIX + guard.METRIC_NAMES[name].removeprefix(guard.PREFIX)]
+                == (guard.DEFAULT_WARN[name])
+            )
+            assert (
+                metrics[guard.STOP_PREFIX + guard.METRIC_NAMES[name].removeprefix(guard.PREFIX)]
+                == (guard.DEFAULT_STOP[name])
+            )
+        assert 0 < metrics[guard.METRIC_MEAN] <= metrics[guard.METRIC_MAX]
         assert metrics[guard.METRIC_TOKENS] == BATCH * RESPONSE
+        assert metrics[guard.METRIC_SEQUENCES] == BATCH
+        assert metrics[guard.METRIC_WARNED] == 0.0
         assert metrics[guard.METRIC_IN_UPDATE] == float(shortcut)
         assert not set(guard.RAW_KEYS) & set(metrics), "partials are folded, not logged"
+    assert "above the warn level" not in caplog.text
     assert "compute_log_prob" not in vars(trainer.actor_rollout_wg) or shortcut, "the run's wrappers are removed"
 
 
@@ -254,12 +265,12 @@ def test_rollout_from_stale_weights_stops_the_run(trainer_class: type, base_conf
         trainer.fit()
     message = str(info.value)
     assert "at training step 2 " in message, "step 1 decodes from the freshly synced weights"
-    assert "nats on average" in message
-    assert f"threshold is {guard.DEFAULT_MAX_MEAN_ABS_DIFF:g} nats" in message
+    assert f"{guard.METRIC_MEAN} = " in message
+    assert f"(level {guard.DEFAULT_STOP['abs_diff_mean']:g})" in message
     assert "stale or garbage weights" in message
     assert ("inside the actor update" in message) is shortcut
     assert len(trainer.logged) == 1, "step 1 completed and was logged"
-    assert trainer.logged[0][guard.METRIC_MEAN] < guard.DEFAULT_MAX_MEAN_ABS_DIFF
+    assert trainer.logged[0][guard.METRIC_MEAN] < guard.DEFAULT_STOP["abs_diff_mean"]
 
 
 def test_without_the_guard_the_stale_run_trains_on(trainer_class: type, base_config: DictConfig) -> None:
@@ -270,10 +281,26 @@ def test_without_the_guard_the_stale_run_trains_on(trainer_class: type, base_con
     assert guard.METRIC_MEAN not in trainer.logged[-1]
 
 
-def test_threshold_is_configurable(trainer_class: type, base_config: DictConfig) -> None:
-    trainer = _trainer(trainer_class, _config(base_config, max_mean_abs_diff=1e-6), StandInWorkerGroup("synced"))
-    with pytest.raises(guard.RolloutActorMismatchError, match=r"at training step 1 .*threshold is 1e-06 nats"):
+def test_levels_are_configurable(trainer_class: type, base_config: DictConfig) -> None:
+    tight = {"abs_diff_mean": 1e-6}
+    trainer = _trainer(trainer_class, _config(base_config, warn=tight, stop=tight), StandInWorkerGroup("synced"))
+    with pytest.raises(
+        guard.RolloutActorMismatchError, match=r"at training step 1 .*log_prob_abs_diff_mean = \S+ nats \(level 1e-06\)"
+    ):
         trainer.fit()
+
+
+def test_a_step_above_warn_but_below_stop_is_logged_and_flagged(
+    trainer_class: type, base_config: DictConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    trainer = _trainer(trainer_class, _config(base_config, warn={"abs_diff_mean": 1e-6}), StandInWorkerGroup("synced"))
+    trainer.fit()
+    assert len(trainer.logged) == STEPS, "a warning never stops the run"
+    assert all(metrics[guard.METRIC_WARNED] == 1.0 for metrics in trainer.logged)
+    warnings = [r.getMessage() for r in caplog.records if "above the warn level" in r.getMessage()]
+    assert len(warnings) == STEPS
+    assert "rollout_guard/log_prob_abs_diff_mean = " in warnings[0]
+    assert "(level 1e-06)" in warnings[0]
 
 
 def test_guard_needs_the_rollout_log_probs(trainer_class: type) -> None:
@@ -286,8 +313,13 @@ def test_guard_needs_the_rollout_log_probs(trainer_class: type) -> None:
     ("settings", "expected"),
     [
         ({"enabled": "yes"}, "must be true or false"),
-        ({"max_mean_abs_diff": 0}, "positive number"),
-        ({"max_mean_abs_diff": math.inf}, "positive number"),
+        ({"stop": {"abs_diff_mean": 0}}, "positive finite number"),
+        ({"warn": {"kl_k3": math.inf}}, "positive finite number"),
+        ({"stop": {"kl_k3": True}}, "positive finite number"),
+        ({"stop": {"abs_diff_median": 0.1}}, "unknown statistic"),
+        ({"stop": 0.1}, "must be a mapping"),
+        ({"warn": {"tail_fraction": 0.5}, "stop": {"tail_fraction": 0.1}}, "must not exceed its stop level"),
+        ({"max_mean_abs_diff": 1.0}, "replaced by r1_ascend.rollout_guard.stop.abs_diff_mean"),
         ({"threshold": 1.0}, "unknown key"),
     ],
 )
@@ -296,8 +328,17 @@ def test_bad_settings_are_refused(base_config: DictConfig, settings: dict, expec
         guard.GuardConfig.from_config(_config(base_config, **settings))
 
 
-def test_defaults_are_on_with_the_derived_threshold(base_config: DictConfig) -> None:
-    assert guard.GuardConfig.from_config(base_config) == guard.GuardConfig(True, 1.0)
+def test_defaults_are_on_with_the_measured_levels(base_config: DictConfig) -> None:
+    config = guard.GuardConfig.from_config(base_config)
+    assert config.enabled
+    assert (config.warn, config.stop) == (guard.DEFAULT_WARN, guard.DEFAULT_STOP)
+    assert all(config.warn[n] <= config.stop[n] for n in guard.GATED)
+
+
+def test_a_level_not_given_keeps_its_default(base_config: DictConfig) -> None:
+    config = guard.GuardConfig.from_config(_config(base_config, stop={"kl_k3": 0.5}))
+    assert config.stop == {**guard.DEFAULT_STOP, "kl_k3": 0.5}
+    assert config.warn == guard.DEFAULT_WARN
 
 
 def test_shipped_configs_enable_the_guard_and_the_rollout_log_probs() -> None:
@@ -305,11 +346,16 @@ def test_shipped_configs_enable_the_guard_and_the_rollout_log_probs() -> None:
     for path in sorted(root.glob("*.yaml")):
         overlay = OmegaConf.load(path)
         assert overlay.r1_ascend.rollout_guard.enabled is True, path.name
-        assert overlay.r1_ascend.rollout_guard.max_mean_abs_diff == guard.DEFAULT_MAX_MEAN_ABS_DIFF, path.name
         assert overlay.actor_rollout_ref.rollout.calculate_log_probs is True, path.name
+        levels = guard.GuardConfig.from_config(overlay)  # valid, and every level is written out
+        for level in ("warn", "stop"):
+            assert set(overlay.r1_ascend.rollout_guard[level]) == set(guard.GATED), (path.name, level)
+        assert levels.enabled
+    deepseek = guard.GuardConfig.from_config(OmegaConf.load(root / "grpo_deepseekv3_671b.yaml"))
+    assert (deepseek.warn, deepseek.stop) == (guard.DEFAULT_WARN, guard.DEFAULT_STOP), "the code's defaults"
 
 
-# --- the statistic --------------------------------------------------------------------------------------------
+# --- the statistics -------------------------------------------------------------------------------------------
 
 
 def test_nan_never_looks_healthy() -> None:
@@ -323,6 +369,60 @@ def test_padding_outside_the_mask_is_ignored() -> None:
     rollout = torch.tensor([[-1.5, -2.0, -1.0]])  # verl pads rollout log-probs with -1
     stats = guard.DiffStats.from_tensors(actor, rollout, torch.tensor([[1, 1, 0]]))
     assert (stats.abs_sum, stats.tokens, stats.abs_max) == (0.5, 2, 0.5)
+    assert (stats.sequences, stats.seq_mean_max, stats.tail_count) == (1, 0.25, 0)
+
+
+def test_statistics_match_their_definitions() -> None:
+    """Each statistic against a direct computation over the valid tokens (the KL estimators as verl's rollout_corr
+    computes them, the probability ratio error as NeMo-RL does)."""
+    generator = torch.Generator().manual_seed(8)
+    actor, rollout = -torch.rand(5, 7, generator=generator) * 3, -torch.rand(5, 7, generator=generator) * 3
+    mask = (torch.rand(5, 7, generator=generator) > 0.3).long()
+    mask[2] = 0  # a sequence without response tokens is not a sequence here
+    values = guard.DiffStats.from_tensors(actor, rollout, mask).statistics()
+    delta = (actor - rollout)[mask.bool()]
+    per_seq = [((actor - rollout)[i][mask[i].bool()]).abs().mean() for i in range(5) if mask[i].any()]
+    expected = {
+        "abs_diff_mean": delta.abs().mean(),
+        "abs_diff_max": delta.abs().max(),
+        "seq_abs_diff_median": torch.tensor(per_seq).quantile(0.5),
+        "seq_abs_diff_max": max(per_seq),
+        "tail_fraction": (delta.abs() > guard.TAIL_CUT).float().mean(),
+        "kl_k1": (-delta).mean(),
+        "kl_k3": (delta.exp() - delta - 1).mean(),
+        "prob_mult_error": delta.abs().exp().mean(),
+    }
+    for name, value in expected.items():
+        assert values[name] == pytest.approx(float(value), rel=1e-5, abs=1e-7), name
+
+
+@pytest.mark.parametrize(
+    ("shape", "statistic"),
+    [
+        ("few tokens far off", "tail_fraction"),
+        ("one sequence off", "seq_abs_diff_max"),
+        ("everything a little off", "abs_diff_mean"),
+    ],
+)
+def test_each_gated_statistic_sees_its_fault_shape_where_the_mean_does_not(shape: str, statistic: str) -> None:
+    """A partial fault diluted below the mean's stop level is still stopped by the statistic made for its shape."""
+    generator = torch.Generator().manual_seed(9)
+    rows, cols = 64, 256
+    actor = -torch.rand(rows, cols, generator=generator) * 4
+    noise = torch.randn(rows, cols, generator=generator) * 0.002  # healthy bf16 level
+    rollout = actor + noise
+    levels = guard.GuardConfig()
+    if shape == "few tokens far off":  # 8 % of tokens (those routed through one broken expert) 1 nat off
+        hit = torch.rand(rows, cols, generator=generator) < 0.08
+        rollout = torch.where(hit, actor - 1.0, rollout)
+    elif shape == "one sequence off":  # one sequence from a bad slot
+        rollout[5] = actor[5] - 1.0
+    else:
+        rollout = actor + torch.randn(rows, cols, generator=generator) * 0.3
+    verdict = guard.Verdict.judge(guard.DiffStats.from_tensors(actor, rollout, torch.ones(rows, cols)), levels)
+    assert statistic in verdict.stopped
+    if statistic != "abs_diff_mean":
+        assert "abs_diff_mean" not in verdict.stopped, "the mean alone would have let it through"
 
 
 @settings(max_examples=40, deadline=None)
@@ -331,12 +431,14 @@ def test_padding_outside_the_mask_is_ignored() -> None:
     cols=st.integers(1, 9),
     cuts=st.lists(st.integers(1, 11), max_size=4),
     seed=st.integers(0, 2**16),
+    scale=st.sampled_from([0.01, 1.0, 5.0]),
 )
 def test_any_split_over_ranks_and_micro_batches_folds_to_the_whole(
-    rows: int, cols: int, cuts: list[int], seed: int
+    rows: int, cols: int, cuts: list[int], seed: int, scale: float
 ) -> None:
     generator = torch.Generator().manual_seed(seed)
-    actor, rollout = torch.randn(rows, cols, generator=generator), torch.randn(rows, cols, generator=generator)
+    actor = torch.randn(rows, cols, generator=generator) * scale
+    rollout = torch.randn(rows, cols, generator=generator) * scale
     mask = (torch.rand(rows, cols, generator=generator) > 0.4).long()
     whole = guard.DiffStats.from_tensors(actor, rollout, mask)
     bounds = sorted({0, rows, *(c for c in cuts if c < rows)})
@@ -347,9 +449,10 @@ def test_any_split_over_ranks_and_micro_batches_folds_to_the_whole(
     merged = {key: [rank[key] for rank in per_rank] for key in guard.RAW_KEYS}  # verl's concat: a list per rank
     folded = guard.DiffStats.from_raw_metrics(merged)
     assert folded is not None
-    assert folded.tokens == whole.tokens
-    assert folded.abs_sum == pytest.approx(whole.abs_sum, rel=1e-6, abs=1e-6)
-    assert folded.abs_max == pytest.approx(whole.abs_max)
+    assert (folded.tokens, folded.sequences, folded.tail_count) == (whole.tokens, whole.sequences, whole.tail_count)
+    for name, value in whole.statistics().items():
+        got = folded.statistics()[name]
+        assert (math.isnan(got) and math.isnan(value)) or got == pytest.approx(value, rel=1e-5, abs=1e-6), name
 
 
 def test_partials_fold_over_ranks_like_one_batch() -> None:
@@ -366,6 +469,7 @@ def test_partials_fold_over_ranks_like_one_batch() -> None:
     assert folded.tokens == whole.tokens
     assert folded.mean == pytest.approx(whole.mean)
     assert folded.abs_max == pytest.approx(whole.abs_max)
+    assert folded.seq_mean_max == pytest.approx(whole.seq_mean_max)
 
 
 # --- the engine's log-probs ---------------------------------------------------------------------------------------

@@ -7,12 +7,13 @@ from pathlib import Path
 import pytest
 from matplotlib.colors import to_hex
 
+from r1_ascend.patches.rules import rollout_guard as guard
 from r1_ascend.report.cli import main
 from r1_ascend.report.figure_style import REFERENCE_COLOR, RESUME_COLOR, build_figure, colours
 from r1_ascend.report.figures import FIGURES
 from r1_ascend.report.run import load_run
 
-from .conftest import GUARD_THRESHOLD, VAL_SAMPLES, VAL_SOURCES, RunWriter
+from .conftest import GUARD_STOP, GUARD_WARN, VAL_SAMPLES, VAL_SOURCES, RunWriter
 
 
 def _drift(step: int) -> float:
@@ -43,8 +44,19 @@ def test_every_figure_is_legible(rich_run, spec) -> None:
     figure.canvas.draw()
     data_colours = []
     for axes, lines in zip(figure.axes, _lines_by_axes(figure), strict=True):
-        data = [line for line in lines if to_hex(line.get_color()) not in (RESUME_COLOR, REFERENCE_COLOR)]
+        levels = [line for line in lines if line.get_label().startswith(("warn level", "stop level"))]
+        data = [
+            line
+            for line in lines
+            if line not in levels and to_hex(line.get_color()) not in (RESUME_COLOR, REFERENCE_COLOR)
+        ]
         data_colours += [to_hex(line.get_color()) for line in data]
+        # a logged level is drawn in the colour of the series it applies to, thin, warn dotted and stop dashed
+        by_label = {line.get_label(): to_hex(line.get_color()) for line in data}
+        for line in levels:
+            of = line.get_label().split(" (", 1)[1][:-1]
+            assert to_hex(line.get_color()) == by_label.get(of, REFERENCE_COLOR), line.get_label()
+            assert line.get_linestyle() == (":" if line.get_label().startswith("warn") else "--")
         # the legend is outside the plotted area: its box does not overlap the axes' box
         legend_box = axes.get_legend().get_window_extent()
         axes_box = axes.get_window_extent()
@@ -91,21 +103,41 @@ def test_report_plots_clip_ratio_consistency_and_validation(rich_run, tmp_path: 
         assert value == pytest.approx(sum(n == 32 for n in lengths) / len(lengths))
 
     consistency = next(spec for spec in FIGURES if spec.filename == "rollout_consistency.png").build(run, 2)
-    guard, verl_diff, pearson = consistency
-    assert set(guard.series) == {"rollout_guard/log_prob_abs_diff_mean", "rollout_guard/log_prob_abs_diff_max"}
-    assert guard.reference is not None
-    assert set(guard.reference[1][1]) == {GUARD_THRESHOLD}
+    diffs, kl, tail, verl_diff, pearson = consistency
+    assert set(diffs.series) == {
+        "rollout_guard/log_prob_abs_diff_mean",
+        "rollout_guard/seq_abs_diff_max",
+        "rollout_guard/log_prob_abs_diff_max",
+    }
+    assert diffs.log_scale
+    assert kl.log_scale
+    assert verl_diff.log_scale
+    assert not tail.log_scale
+    # levels are reference lines, never data; counts and flags are not plotted at all
+    plotted = {label for panel in consistency for label in panel.series}
+    assert not any(k.startswith(("rollout_guard/warn/", "rollout_guard/stop/")) for k in plotted)
+    assert not plotted & {"rollout_guard/tokens", "rollout_guard/sequences", "rollout_guard/warned"}
+    mean_levels = {ref.style: set(ref.values) for ref in diffs.references if ref.of == guard.METRIC_MEAN}
+    assert mean_levels == {"warn": {GUARD_WARN}, "stop": {GUARD_STOP}}
+    assert list(kl.series) == ["rollout_guard/kl_k3"]
     assert set(verl_diff.series) == {
         "training/rollout_probs_diff_max",
         "training/rollout_probs_diff_mean",
         "training/rollout_probs_diff_std",
     }
     assert list(pearson.series) == ["training/rollout_actor_probs_pearson_corr"]
-    # the table names the steps where the guard's max passed the threshold (stale weights from step 8 on)
-    line = next(row for row in report.splitlines() if row.startswith("| `rollout_guard/log_prob_abs_diff_max`"))
-    above = [s for s in range(1, 13) if run.steps[s]["rollout_guard/log_prob_abs_diff_max"] > GUARD_THRESHOLD]
-    assert above == list(range(8, 13))
-    assert line.endswith("| steps 8, 9, 10, 11, 12 |")
+    # the table names the steps where the mean passed its warn and stop levels (stale weights from step 8 on)
+    line = next(row for row in report.splitlines() if row.startswith("| `rollout_guard/log_prob_abs_diff_mean`"))
+    means = {s: run.steps[s]["rollout_guard/log_prob_abs_diff_mean"] for s in range(1, 13)}
+    over_warn = [s for s, v in means.items() if v > GUARD_WARN]
+    over_stop = [s for s, v in means.items() if v > GUARD_STOP]
+    assert over_warn == list(range(8, 13))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[3:5] == [f"{GUARD_WARN:g}", f"{GUARD_STOP:g}"]
+    assert cells[5] == "steps " + ", ".join(map(str, over_warn))
+    assert cells[6] == ("steps " + ", ".join(map(str, over_stop)) if over_stop else "none")
+    # a count is not a difference: no level applies to it and it is not listed as a statistic
+    assert not any(row.startswith("| `rollout_guard/tokens`") for row in report.splitlines())
 
     # validation: mean accuracy over the samples of each set, per validation step
     assert f"| step | {VAL_SOURCES[0]} acc mean@{VAL_SAMPLES} | {VAL_SOURCES[1]} acc mean@{VAL_SAMPLES} |" in report

@@ -1,0 +1,161 @@
+"""The rollout guard's statistics on the real model path: healthy runs over seeds and dtypes, and planted faults.
+
+Runs :mod:`r1_ascend.rehearse.guard_calibration` (megatron-core's DeepSeek-V3 actor from the converted checkpoint,
+verl's weight export, the CPU rollout engine, a GRPO step per iteration) on the CPU:
+
+- healthy: ``--steps`` steps for every seed in ``--seeds`` and every dtype in ``--dtypes``; per statistic the
+  mean, p99 and maximum over all steps;
+- faults: every fault of :mod:`r1_ascend.rehearse.rollout_faults` planted at step ``--fault-step`` (healthy steps
+  before it) for every seed; per fault and statistic the value at the planted step and its separation, the value
+  divided by the healthy maximum of the same dtype, and whether the levels warn or stop there (the CPU
+  rehearsal's levels, or those of ``--config``).
+
+    python benchmarks/rollout_guard_bench.py                       # 5 seeds, bf16 and fp32, all faults
+    python benchmarks/rollout_guard_bench.py --seeds 0 --dtypes bf16 --faults expert-swap --json out.json
+    python benchmarks/rollout_guard_bench.py --config recipe/config/grpo_deepseekv3_671b.yaml   # NPU levels
+
+The figures are recorded in docs/rollout_guard.md. The process re-executes itself once with the rehearsal's CPU
+site on ``PYTHONPATH`` (the ``torch_npu`` and MindSpeed stand-ins), as every rehearsal process runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _reexec_with_site() -> None:
+    """Once: run again with the rehearsal's CPU site first on ``PYTHONPATH`` (its ``sitecustomize`` installs them)."""
+    from r1_ascend.rehearse.run import SITE
+
+    if str(SITE) in sys.path:
+        return
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SITE), env.get("PYTHONPATH", "")]))
+    sys.exit(subprocess.call([sys.executable, *sys.argv], env=env))
+
+
+def _levels(config_path: Path | None) -> Any:
+    from omegaconf import OmegaConf
+
+    from r1_ascend.patches.rules import rollout_guard as guard
+    from r1_ascend.rehearse.config import GUARD_LEVELS
+
+    if config_path is None:
+        return guard.GuardConfig.from_config(OmegaConf.create({"r1_ascend": {"rollout_guard": GUARD_LEVELS}}))
+    return guard.GuardConfig.from_config(OmegaConf.load(config_path))
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=["bf16", "fp32"])
+    parser.add_argument("--steps", type=int, default=8, help="healthy steps per seed")
+    parser.add_argument("--fault-step", type=int, default=3)
+    parser.add_argument("--faults", nargs="*", help="fault names (default: all)")
+    parser.add_argument("--fault-seeds", type=int, nargs="+", help="seeds of the fault runs (default: --seeds)")
+    parser.add_argument("--weights", type=Path, help="the quickstart's converted weights (default: made in a tmp dir)")
+    parser.add_argument(
+        "--config", type=Path, help="judge with this config's guard levels (default: the CPU rehearsal's levels)"
+    )
+    parser.add_argument("--json", type=Path, help="write every measured step here")
+    args = parser.parse_args(argv)
+    _reexec_with_site()
+
+    from r1_ascend.patches.prelude import apply_once
+    from r1_ascend.patches.rules import rollout_guard as guard
+    from r1_ascend.rehearse import guard_calibration as gc
+    from r1_ascend.rehearse import mcore_cpu, rollout_faults
+    from r1_ascend.rehearse.inputs import converted_weights, make_weights
+
+    apply_once()
+    mcore_cpu.install()
+    levels = _levels(args.config)
+    with tempfile.TemporaryDirectory() as tmp:
+        hf_dir, mcore = converted_weights(args.weights) if args.weights else make_weights(Path(tmp))
+        records: list[dict[str, Any]] = []
+        healthy: dict[str, dict[str, list[float]]] = {}
+        started = time.perf_counter()
+        for dtype in args.dtypes:
+            for seed in args.seeds:
+                for result in gc.healthy(gc.Setup(hf_dir, mcore, dtype=dtype, seed=seed), args.steps):
+                    records.append({"kind": "healthy", "dtype": dtype, "seed": seed, **_record(result)})
+                    for name, value in result.values.items():
+                        healthy.setdefault(dtype, {}).setdefault(name, []).append(value)
+                print(f"healthy {dtype} seed {seed}: {time.perf_counter() - started:.0f} s", flush=True)
+        print()
+        for dtype, by_name in healthy.items():
+            steps = len(next(iter(by_name.values())))
+            print(f"healthy {dtype}: {steps} steps ({len(args.seeds)} seeds x {args.steps})")
+            print(f"  {'statistic':<18} {'mean':>10} {'p99':>10} {'max':>10} {'warn':>8} {'stop':>8}")
+            for name, values in by_name.items():
+                warn = f"{levels.warn[name]:g}" if name in guard.GATED else "-"
+                stop = f"{levels.stop[name]:g}" if name in guard.GATED else "-"
+                print(
+                    f"  {name:<18} {statistics.fmean(values):>10.4g} {_quantile(values, 0.99):>10.4g} "
+                    f"{max(values):>10.4g} {warn:>8} {stop:>8}"
+                )
+            warned = [r for r in records if r["kind"] == "healthy" and r["dtype"] == dtype and _judge(r, levels)[0]]
+            print(f"  steps above a warn level: {len(warned)}")
+        print()
+        names = args.faults if args.faults else list(rollout_faults.FAULTS)
+        reference = healthy.get("bf16") or next(iter(healthy.values()))
+        print(f"faults planted at step {args.fault_step} (bf16); separation = value / healthy bf16 max")
+        print(f"  {'fault':<20} {'seed':>4} " + " ".join(f"{n:>22}" for n in guard.GATED) + "  verdict")
+        for name in names:
+            for seed in args.fault_seeds or args.seeds:
+                result = gc.planted(gc.Setup(hf_dir, mcore, dtype="bf16", seed=seed), name, args.fault_step)[-1]
+                record = {"kind": "fault", "dtype": "bf16", "seed": seed, **_record(result)}
+                records.append(record)
+                cells = []
+                for stat in guard.GATED:
+                    value, top = record["values"][stat], max(reference[stat])
+                    ratio = value / top if top > 0 else math.inf
+                    cells.append(f"{value:>10.4g} ({ratio:>7.1f}x)")
+                warned, stopped = _judge(record, levels)
+                verdict = "STOP " + ",".join(stopped) if stopped else ("warn " + ",".join(warned) if warned else "-")
+                print(f"  {name:<20} {seed:>4} " + " ".join(f"{c:>22}" for c in cells) + f"  {verdict}", flush=True)
+        print(f"\ntotal {time.perf_counter() - started:.0f} s")
+        if args.json:
+            args.json.write_text(json.dumps(records, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+def _record(result: Any) -> dict[str, Any]:
+    return {
+        "step": result.step,
+        "fault": result.fault,
+        "reward": result.reward,
+        "values": result.values,
+        "partials": dataclasses.asdict(result.stats),
+    }
+
+
+def _judge(record: dict[str, Any], levels: Any) -> tuple[list[str], list[str]]:
+    from r1_ascend.patches.rules import rollout_guard as guard
+
+    values = record["values"]
+    warned = [n for n in guard.GATED if not values[n] <= levels.warn[n]]
+    stopped = [n for n in guard.GATED if not values[n] <= levels.stop[n]]
+    return warned, stopped
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""``r1-ascend rehearse --rollout-fault NAME``: a planted rollout fault must stop the real run at the step it hits.
+
+The rehearsal on a 2-step plan (a checkpoint every step) whose CPU rollout engine plants ``NAME``
+(r1_ascend.rehearse.rollout_faults) into its second weight sync, the one before step 2's generation. The rollout
+guard must stop the run in step 2 with ``RolloutActorMismatchError`` naming the step and the statistics above their
+stop levels, before step 2 is checkpointed; every process of the run must be gone within ``STOP_BOUND_S`` of the
+planted sync, and step 1's checkpoint must be the last one. With the guard switched off
+(``R1_ASCEND_DISABLE=verl_rollout_guard``) the same run trains on to the end: nothing else notices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from pathlib import Path
+
+import psutil
+
+from r1_ascend.rehearse import rollout_faults
+from r1_ascend.rehearse.budget import RssSampler
+from r1_ascend.rehearse.config import Plan
+from r1_ascend.rehearse.lifecycle import read_lifecycle
+from r1_ascend.rehearse.run import (
+    RehearsalError,
+    _log,
+    _text,
+    _wait_for,
+    new_cluster,
+    prepare,
+    start_cluster,
+    stop_cluster,
+)
+
+#: The weight sync (= training step, before the first validation) the fault is planted in.
+FAULT_STEP = 2
+#: Every process of the run must be gone within this many seconds of the planted sync.
+STOP_BOUND_S = 180.0
+PLANTED = re.compile(r"rollout fault: planted (\S+) .* in weight sync (\d+)")
+STOPPED = re.compile(
+    r"rollout guard: at training step (\d+) .*?beyond the stop level: (.*?); over (\d+) response tokens"
+)
+STEP_LINE = re.compile(r"\bstep:(\d+) - ")
+
+
+def plan_for(name: str, base: Plan) -> Plan:
+    rollout_faults.get(name)  # unknown names fail before anything starts
+    return dataclasses.replace(
+        base,
+        total_steps=FAULT_STEP,
+        save_freq=1,
+        test_freq=FAULT_STEP + 1,
+        min_reward_rise=None,
+        rollout_fault=f"{name}@{FAULT_STEP}",
+    )
+
+
+def rehearse_rollout_fault(
+    out: Path, name: str, plan: Plan, sampler: RssSampler, weights: Path | None
+) -> dict[str, object]:
+    launch = prepare(out, plan, weights)
+    cluster = new_cluster(out, plan, launch, sampler)
+    log = out / "run1.log"
+    try:
+        head = start_cluster(cluster, log)
+        _log(f"run 1: the head runs the recipe entry point (log {log}); rollout fault {plan.rollout_fault}")
+        _wait_for(lambda: PLANTED.search(_text(log)), f"the engine to plant {name}", 900, head, log)
+        planted_at = time.monotonic()
+        _log(f"planted {name} in weight sync {FAULT_STEP}; waiting for the guard")
+        try:
+            code = head.wait(STOP_BOUND_S)
+        except Exception as exc:
+            raise RehearsalError(
+                f"the run did not stop within {STOP_BOUND_S:g} s of the planted fault; log: {log}"
+            ) from exc
+        workers = {int(e["pid"]) for e in read_lifecycle(out / "lifecycle")}
+        left = STOP_BOUND_S - (time.monotonic() - planted_at)
+        _wait_for(
+            lambda: not any(psutil.pid_exists(p) for p in workers), "the run's workers to stop", max(left, 1), None, log
+        )
+        stop_s = round(time.monotonic() - planted_at, 1)
+    finally:
+        _log("stopping the drivers and the Ray nodes (recorded pids)")
+        stop_cluster(cluster)
+    return {"rollout_fault": judge_stop(_text(log), log, out, name, code, stop_s)}
+
+
+def judge_stop(text: str, log: Path, out: Path, name: str, code: int, stop_s: float) -> dict[str, object]:
+    """The guard stopped the run in the planted step, before its checkpoint, and said why."""
+    stopped = STOPPED.search(text)
+    if code == 0 or stopped is None:
+        raise RehearsalError(
+            f"the planted rollout fault {name} did not stop the run (exit code {code}, no 'rollout guard: at training "
+            f"step ...' error): the guard missed it or is switched off; log: {log}"
+        )
+    step = int(stopped.group(1))
+    if step != FAULT_STEP:
+        raise RehearsalError(f"the guard stopped the run in step {step}, the fault was planted in step {FAULT_STEP}")
+    logged = sorted({int(s) for s in STEP_LINE.findall(text)})
+    if FAULT_STEP in logged:
+        raise RehearsalError(
+            f"step {FAULT_STEP} was logged as a finished step although the guard stopped it; log: {log}"
+        )
+    checkpoints = sorted(p.name for p in (out / "checkpoints").glob("global_step_*"))
+    if f"global_step_{FAULT_STEP}" in checkpoints:
+        raise RehearsalError(f"global_step_{FAULT_STEP} was saved although the guard stopped that step: {checkpoints}")
+    statistics = [
+        part.split(" = ")[0].removeprefix("rollout_guard/") for part in stopped.group(2).split(", rollout_guard/")
+    ]
+    return {
+        "name": name,
+        "stopped_in_step": step,
+        "statistics_above_stop": [s.removeprefix("rollout_guard/") for s in statistics],
+        "time_to_stop_s": stop_s,
+        "checkpoints_left": checkpoints,
+        "exit_code": code,
+    }
+
+
+def print_rollout_fault_summary(summary: dict[str, object]) -> None:
+    fault = summary["rollout_fault"]
+    assert isinstance(fault, dict)
+    print(f"rehearse --rollout-fault {fault['name']}: stopped by the rollout guard")
+    for key, value in fault.items():
+        if key != "name":
+            print(f"  {key + ':':24} {value}")
+    if "wall_s" in summary:
+        print(f"  {'wall_s:':24} {summary['wall_s']}")

@@ -1,0 +1,268 @@
+"""Rollout faults the guard exists for, planted into the CPU rollout engine at one weight sync.
+
+Each fault is one way the rollout can decode from a policy other than the actor's while producing fluent text: the
+classes seen in the issue trackers of this stack (a sync that was skipped or left some layers stale, expert weights
+swapped or mis-laid after wake-up, MLA's derived matrices not recomputed, the two engines configured differently).
+A fault acts on the weights of one sync (the HF-named tensors the actor exported, and those of the previous sync)
+or on the engine's model configuration; it never touches the actor. Used by the guard's calibration
+(:mod:`r1_ascend.rehearse.guard_calibration`, ``benchmarks/rollout_guard_bench.py``) and its tests.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+Weights = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Sync:
+    """One weight sync into the engine: the weights to load and, for the MLA fault, whether to re-derive."""
+
+    weights: Weights
+    recompute_mla: bool = True
+
+
+@dataclass(frozen=True)
+class RolloutFault:
+    name: str
+    what: str
+    #: (engine, this sync's weights, the previous sync's weights, probe prompts) -> the sync that happens instead
+    plant: Callable[[Any, Weights, Weights, list[list[int]]], Sync]
+
+
+def _layer(name: str) -> int | None:
+    parts = name.split(".")
+    return int(parts[2]) if len(parts) > 2 and parts[:2] == ["model", "layers"] else None
+
+
+def _moe_layer(engine: Any) -> int:
+    """The first MoE layer: where a per-layer fault lands."""
+    return int(engine.hf_config.first_k_dense_replace)
+
+
+def expert_loads(engine: Any, prompts: list[list[int]]) -> dict[int, Counter[int]]:
+    """Tokens routed to each expert of each MoE layer when the engine reads ``prompts`` (its current weights)."""
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+
+    loads: dict[int, Counter[int]] = {}
+    hooks = []
+    for index, layer in enumerate(engine.model.model.layers):
+        gate = getattr(layer.mlp, "gate", None)
+        if isinstance(gate, DeepseekV3TopkRouter):
+            loads[index] = Counter()
+            update = loads[index].update
+            hooks.append(gate.register_forward_hook(lambda _m, _i, out, u=update: u(out[0].flatten().tolist())))
+    try:
+        with torch.no_grad():
+            for ids in prompts:
+                engine.model(input_ids=torch.tensor([ids]))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return loads
+
+
+def typical_expert(engine: Any, prompts: list[list[int]]) -> tuple[int, int, int]:
+    """(layer, expert, partner) for a one-expert fault: in the first MoE layer, the expert whose share of the routed
+    tokens is closest to a balanced share (top_k / n_experts, about 3 % on DeepSeek-V3), and the least used other
+    expert. A tiny random model routes most tokens to a few experts; the fault should hit a typical one."""
+    if not prompts:
+        msg = "a per-expert fault picks its expert by routing prompts: plant it in a sync after a generation (>= 2)"
+        raise ValueError(msg)
+    config = engine.hf_config
+    layer = _moe_layer(engine)
+    load = expert_loads(engine, prompts)[layer]
+    total = sum(load.values()) or 1
+    balanced = int(config.num_experts_per_tok) / int(config.n_routed_experts)
+    used = [e for e in range(int(config.n_routed_experts)) if load[e] > 0]
+    expert = min(used, key=lambda e: (abs(load[e] / total - balanced), e))
+    partner = min((e for e in range(int(config.n_routed_experts)) if e != expert), key=lambda e: (load[e], e))
+    return layer, expert, partner
+
+
+def _not_synced(_engine: Any, _weights: Weights, previous: Weights, _probe: list[list[int]]) -> Sync:
+    return Sync(dict(previous))
+
+
+def _stale_layers(engine: Any, weights: Weights, previous: Weights, _probe: list[list[int]]) -> Sync:
+    """The last two decoder layers keep the previous step's weights (a sync cut short, a bucket not sent)."""
+    count = int(engine.hf_config.num_hidden_layers)
+    stale = {count - 2, count - 1}
+    return Sync({n: (previous[n] if _layer(n) in stale else t) for n, t in weights.items()})
+
+
+def _expert_swap(engine: Any, weights: Weights, _previous: Weights, probe: list[list[int]]) -> Sync:
+    """Two experts of one layer trade all three projections (an expert-index mapping off by a permutation)."""
+    layer, expert, partner = typical_expert(engine, probe)
+    swapped = dict(weights)
+    for proj in ("gate_proj", "up_proj", "down_proj"):
+        a, b = (f"model.layers.{layer}.mlp.experts.{e}.{proj}.weight" for e in (expert, partner))
+        swapped[a], swapped[b] = weights[b], weights[a]
+    return Sync(swapped)
+
+
+def _expert_transposed(engine: Any, weights: Weights, _previous: Weights, probe: list[list[int]]) -> Sync:
+    """One expert's down projection read in the wrong layout (transposed, then viewed in the original shape): the
+    shape matches, so no load check sees it (the class of "expert weights transposed twice" after wake-up)."""
+    layer, expert, _partner = typical_expert(engine, probe)
+    name = f"model.layers.{layer}.mlp.experts.{expert}.down_proj.weight"
+    scrambled = dict(weights)
+    scrambled[name] = weights[name].t().contiguous().view(weights[name].shape)
+    return Sync(scrambled)
+
+
+def _kv_b_proj_halves(engine: Any, weights: Weights, _previous: Weights, _probe: list[list[int]]) -> Sync:
+    """One layer's ``kv_b_proj`` with the two halves of its output rows swapped (a split/merge layout bug)."""
+    name = f"model.layers.{_moe_layer(engine)}.self_attn.kv_b_proj.weight"
+    swapped = dict(weights)
+    first, second = weights[name].chunk(2, dim=0)
+    swapped[name] = torch.cat([second, first], dim=0)
+    return Sync(swapped)
+
+
+def _mla_not_recomputed(_engine: Any, weights: Weights, _previous: Weights, _probe: list[list[int]]) -> Sync:
+    """``kv_b_proj`` is loaded, but MLA's derived ``W_UK_T``/``W_UV`` keep the previous step's values."""
+    return Sync(dict(weights), recompute_mla=False)
+
+
+def _routing_ungrouped(engine: Any, weights: Weights, _previous: Weights, _probe: list[list[int]]) -> Sync:
+    """The engine routes over all experts instead of the top ``topk_group`` of ``n_group`` groups."""
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+
+    for module in engine.model.modules():
+        if isinstance(module, DeepseekV3TopkRouter):
+            module.topk_group = module.n_group
+    return Sync(dict(weights))
+
+
+def _yarn_off(engine: Any, weights: Weights, _previous: Weights, _probe: list[list[int]]) -> Sync:
+    """The engine's rope without yarn scaling (plain rope frequencies, no attention-scale correction)."""
+    import copy
+
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RotaryEmbedding
+
+    config = copy.deepcopy(engine.hf_config)
+    config.rope_scaling = None
+    engine.model.model.rotary_emb = DeepseekV3RotaryEmbedding(config)
+    for layer in engine.model.model.layers:
+        layer.self_attn.scaling = 1.0 / math.sqrt(layer.self_attn.qk_head_dim)
+    return Sync(dict(weights))
+
+
+FAULTS: Mapping[str, RolloutFault] = {
+    f.name: f
+    for f in (
+        RolloutFault("not-synced", "weights not synced for a step (the engine keeps the previous step's)", _not_synced),
+        RolloutFault("stale-layers", "the last two layers left at the previous step's weights", _stale_layers),
+        RolloutFault("expert-swap", "experts 0 and 1 of the first MoE layer swapped", _expert_swap),
+        RolloutFault(
+            "expert-transposed", "one expert's down_proj transposed in memory (same shape)", _expert_transposed
+        ),
+        RolloutFault("kv-b-proj-halves", "kv_b_proj of one layer with its output halves swapped", _kv_b_proj_halves),
+        RolloutFault(
+            "mla-not-recomputed", "MLA's absorbed W_UK_T/W_UV not recomputed after the update", _mla_not_recomputed
+        ),
+        RolloutFault("routing-ungrouped", "group-limited routing off in the engine", _routing_ungrouped),
+        RolloutFault("yarn-off", "yarn rope scaling off in the engine", _yarn_off),
+    )
+}
+
+
+def get(name: str) -> RolloutFault:
+    if name not in FAULTS:
+        msg = f"unknown rollout fault {name!r}; known: {', '.join(FAULTS)}"
+        raise KeyError(msg)
+    return FAULTS[name]
+
+
+def sync(
+    engine: Any,
+    weights: Weights,
+    previous: Weights | None = None,
+    fault: RolloutFault | None = None,
+    probe: list[list[int]] | None = None,
+) -> None:
+    """Load one step's weights into the engine (``CPUStandInLLM``) as the overlay's ``update_weights`` does, with
+    ``fault`` planted in this sync (``previous``: the weights of the sync before, for the stale faults; ``probe``:
+    prompts whose routing picks the expert of the per-expert faults)."""
+    from r1_ascend.patches.impl.rollout_memory import mla_impls, recompute_mla_matrices
+
+    planned = Sync(weights) if fault is None else fault.plant(engine, weights, previous or weights, probe or [])
+    loaded = engine.model.load_weights(planned.weights.items())
+    engine.model.check_complete(loaded)
+    if planned.recompute_mla:
+        recompute_mla_matrices(mla_impls(engine.runner.forward_context), engine.dtype)
+
+
+# --- planting a fault into the rehearsal's engine -----------------------------------------------------------------
+
+
+def parse_spec(spec: str) -> tuple[RolloutFault, int]:
+    """``NAME@SYNC`` (e.g. ``stale-layers@2``): the fault and the 1-based weight sync it is planted in."""
+    name, _, at = spec.partition("@")
+    if not at.isdigit() or int(at) < 1:
+        msg = f"rollout fault {spec!r}: expected NAME@SYNC with SYNC >= 1, e.g. stale-layers@2"
+        raise ValueError(msg)
+    return get(name), int(at)
+
+
+class Planter:
+    """Plants one fault into one weight sync of a ``CPUStandInLLM``, whoever drives the sync (the overlay's
+    ``update_weights`` in the rehearsal): wraps ``model.load_weights``, keeps the previous sync's weights for the
+    stale faults, and for ``mla-not-recomputed`` puts the previous MLA matrices back after the overlay re-derives
+    them. Probe prompts for the per-expert faults: the last prompts the engine generated for."""
+
+    def __init__(self, llm: Any, fault: RolloutFault, at_sync: int) -> None:
+        self.llm, self.fault, self.at_sync = llm, fault, at_sync
+        self.syncs = 0
+        self.previous: Weights | None = None
+        self.planted_in: int | None = None
+        self._load = llm.model.load_weights
+        llm.model.load_weights = self.load_weights
+
+    def load_weights(self, weights: Any) -> set[str]:
+        current = {name: tensor.detach().clone() for name, tensor in weights}
+        self.syncs += 1
+        planned = Sync(current)
+        if self.syncs == self.at_sync:
+            planned = self.fault.plant(self.llm, current, self.previous or current, list(self.llm.last_prompts))
+            self.planted_in = self.syncs
+            if not planned.recompute_mla:
+                self._keep_mla_matrices()
+            print(
+                f"rollout fault: planted {self.fault.name} ({self.fault.what}) in weight sync {self.syncs}", flush=True
+            )
+        self.previous = current
+        return self._load(planned.weights.items())
+
+    def _keep_mla_matrices(self) -> None:
+        """The next ``process_weights_after_loading`` of each MLA layer restores the matrices it has now."""
+        from r1_ascend.patches.impl.rollout_memory import MLA_DERIVED_MATRICES, mla_impls
+
+        for impl in mla_impls(self.llm.runner.forward_context):
+            kept = {attr: getattr(impl, attr).clone() for attr in MLA_DERIVED_MATRICES}
+
+            def restore(_act_dtype: Any, impl: Any = impl, kept: dict[str, torch.Tensor] = kept) -> None:
+                for attr, value in kept.items():
+                    setattr(impl, attr, value)
+                del impl.process_weights_after_loading  # back to the class's method for later syncs
+
+            impl.process_weights_after_loading = restore
+
+
+def plant_from_env(llm: Any) -> Planter | None:
+    """The rehearsal's ``--rollout-fault``: read ``R1_ASCEND_REHEARSE_ROLLOUT_FAULT`` (``NAME@SYNC``) and plant it."""
+    from r1_ascend import envs
+
+    spec = envs.rehearse_rollout_fault()
+    if spec is None:
+        return None
+    fault, at_sync = parse_spec(spec)
+    return Planter(llm, fault, at_sync)

@@ -1,0 +1,83 @@
+"""``r1-ascend rehearse --rollout-fault NAME``: a rollout fault planted into the real run's weight sync is stopped by
+the rollout guard at that step, before it is checkpointed, and the run leaves nothing behind.
+
+The fast tests feed the run's verdict logs of a stopped, a missed and a late stop. The slow test plants
+``routing-ungrouped`` (the engine routes over all experts) into the real 2-step run; with the guard switched off
+(``R1_ASCEND_DISABLE=verl_rollout_guard``) the same run trains to the end and the verdict fails.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from r1_ascend.rehearse.config import Plan
+from r1_ascend.rehearse.rollout_fault_run import FAULT_STEP, STOP_BOUND_S, judge_stop, plan_for
+from r1_ascend.rehearse.run import RehearsalError
+
+STOP = (
+    "r1_ascend.patches._errors.RolloutActorMismatchError: rollout guard: at training step {step} the rollout's "
+    "log-probs of its own sampled tokens disagree with the actor's beyond the stop level: "
+    "rollout_guard/seq_abs_diff_median = 0.04 nats (level 0.015), rollout_guard/kl_k3 = 0.02 nats (level 0.0097); "
+    "over 256 response tokens in 32 sequences (mean |Δ| 0.045, max 0.3 nats), measured inside the actor update.\n"
+)
+
+
+def _out(tmp_path: Path, steps: list[int]) -> Path:
+    for step in steps:
+        (tmp_path / "checkpoints" / f"global_step_{step}").mkdir(parents=True)
+    return tmp_path
+
+
+def test_the_plan_is_two_steps_with_the_fault_in_the_second_sync() -> None:
+    plan = plan_for("stale-layers", Plan())
+    assert (plan.total_steps, plan.save_freq, plan.rollout_fault, plan.min_reward_rise) == (
+        2,
+        1,
+        "stale-layers@2",
+        None,
+    )
+    assert plan.test_freq > plan.total_steps, "no validation sync before the planted one"
+    with pytest.raises(KeyError, match="unknown rollout fault"):
+        plan_for("no-such-fault", Plan())
+
+
+def test_a_stop_in_the_planted_step_passes_and_names_the_statistics(tmp_path: Path) -> None:
+    text = "step:1 - critic/score/mean:0.2\n" + STOP.format(step=FAULT_STEP)
+    verdict = judge_stop(text, tmp_path / "run1.log", _out(tmp_path, [1]), "routing-ungrouped", 1, 42.0)
+    assert verdict["statistics_above_stop"] == ["seq_abs_diff_median", "kl_k3"]
+    assert verdict["checkpoints_left"] == ["global_step_1"]
+
+
+@pytest.mark.parametrize(
+    ("text", "code", "steps", "expected"),
+    [
+        ("step:1 - a:1\nstep:2 - a:1\n", 0, [1, 2], "did not stop the run"),
+        (STOP.format(step=1), 1, [], "stopped the run in step 1"),
+        ("step:1 - a:1\nstep:2 - a:1\n" + STOP.format(step=2), 1, [1], "logged as a finished step"),
+        (STOP.format(step=2), 1, [1, 2], "global_step_2 was saved"),
+    ],
+    ids=["missed", "wrong-step", "step-finished", "checkpointed"],
+)
+def test_a_broken_stop_fails(tmp_path: Path, text: str, code: int, steps: list[int], expected: str) -> None:
+    with pytest.raises(RehearsalError, match=expected):
+        judge_stop(text, tmp_path / "run1.log", _out(tmp_path, steps), "routing-ungrouped", code, 1.0)
+
+
+@pytest.mark.slow
+def test_routing_mismatch_planted_in_the_real_run_is_stopped(tmp_path: Path) -> None:
+    out = tmp_path / "rollout-fault"
+    cmd = [sys.executable, "-m", "r1_ascend.cli", "rehearse", "--output-dir", str(out)]
+    done = subprocess.run(
+        [*cmd, "--rollout-fault", "routing-ungrouped"], capture_output=True, text=True, timeout=1200, check=False
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    verdict = json.loads((out / "summary-routing-ungrouped.json").read_text())["rollout_fault"]
+    assert verdict["stopped_in_step"] == FAULT_STEP
+    assert verdict["statistics_above_stop"], "the error names the statistics"
+    assert verdict["time_to_stop_s"] <= STOP_BOUND_S
+    assert verdict["checkpoints_left"] == ["global_step_1"]

@@ -1,0 +1,113 @@
+"""Planted rollout faults (``r1_ascend.rehearse.rollout_faults``): each changes what the CPU rollout engine computes
+in exactly the documented way, and only in the sync it is planted in. The guard's view of them on the real model
+path: tests/model/test_rollout_guard_faults.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from vllm import SamplingParams
+
+from r1_ascend.patches.impl.rollout_memory import mla_impls, recompute_mla_matrices
+from r1_ascend.rehearse import rollout_faults
+from r1_ascend.rehearse.cpu_engine import CPUStandInLLM
+from r1_ascend.rehearse.inputs import write_model
+
+PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13, 14]]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_model(tmp_path_factory.mktemp("faults") / "model")
+
+
+def _engine(model_dir: Path, monkeypatch: pytest.MonkeyPatch, spec: str | None = None) -> CPUStandInLLM:
+    if spec is None:
+        monkeypatch.delenv("R1_ASCEND_REHEARSE_ROLLOUT_FAULT", raising=False)
+    else:
+        monkeypatch.setenv("R1_ASCEND_REHEARSE_ROLLOUT_FAULT", spec)
+    return CPUStandInLLM(str(model_dir), dtype="float32", max_model_len=64, seed=0)
+
+
+def _weights(llm: CPUStandInLLM, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {n: torch.randn(p.shape, generator=g) * 0.05 for n, p in llm.model.named_parameters()}
+
+
+def _sync(llm: CPUStandInLLM, weights: dict[str, torch.Tensor]) -> None:
+    """What the overlay's update_weights does: load, then re-derive the MLA matrices."""
+    llm.model.load_weights(iter(weights.items()))
+    recompute_mla_matrices(mla_impls(llm.runner.forward_context), llm.dtype)
+
+
+def _logits(llm: CPUStandInLLM) -> torch.Tensor:
+    with torch.no_grad():
+        return llm.model(input_ids=torch.tensor([PROMPTS[0]])).logits
+
+
+@pytest.mark.parametrize("spec", ["stale-layers", "stale-layers@0", "stale-layers@x", "no-such-fault@2"])
+def test_bad_specs_are_refused(spec: str) -> None:
+    with pytest.raises((ValueError, KeyError), match=r"NAME@SYNC|unknown rollout fault"):
+        rollout_faults.parse_spec(spec)
+
+
+def test_stale_layers_keep_the_previous_sync_in_their_sync_only(model_dir: Path, monkeypatch) -> None:
+    llm = _engine(model_dir, monkeypatch, "stale-layers@2")
+    first, second, third = (_weights(llm, s) for s in (1, 2, 3))
+    _sync(llm, first)
+    _sync(llm, second)
+    params = dict(llm.model.named_parameters())
+    layers = llm.hf_config.num_hidden_layers
+    for name, param in params.items():
+        stale = name.startswith((f"model.layers.{layers - 2}.", f"model.layers.{layers - 1}."))
+        assert torch.equal(param, (first if stale else second)[name]), name
+    _sync(llm, third)
+    assert all(torch.equal(p, third[n]) for n, p in llm.model.named_parameters()), "planted once"
+    assert llm.fault.planted_in == 2
+
+
+def test_mla_not_recomputed_keeps_the_previous_matrices_and_changes_the_logits(model_dir: Path, monkeypatch) -> None:
+    llm = _engine(model_dir, monkeypatch, "mla-not-recomputed@2")
+    reference = _engine(model_dir, monkeypatch)
+    first, second = _weights(llm, 1), _weights(llm, 2)
+    for engine in (llm, reference):
+        _sync(engine, first)
+    impl = mla_impls(llm.runner.forward_context)[0]
+    kept = impl.W_UV.clone()
+    for engine in (llm, reference):
+        _sync(engine, second)
+    assert torch.equal(impl.W_UV, kept), "the derived matrices are the first sync's"
+    assert torch.equal(
+        dict(llm.model.named_parameters())["model.layers.0.self_attn.kv_b_proj.weight"],
+        second["model.layers.0.self_attn.kv_b_proj.weight"],
+    ), "kv_b_proj itself was loaded"
+    assert not torch.allclose(_logits(llm), _logits(reference)), "the engine decodes through the stale copies"
+    _sync(llm, second)
+    torch.testing.assert_close(_logits(llm), _logits(reference))  # the next sync re-derives them again
+
+
+@pytest.mark.parametrize(
+    "name", ["expert-swap", "expert-transposed", "kv-b-proj-halves", "routing-ungrouped", "yarn-off"]
+)
+def test_every_fault_changes_the_engines_output(model_dir: Path, monkeypatch, name: str) -> None:
+    llm = _engine(model_dir, monkeypatch, f"{name}@2")
+    reference = _engine(model_dir, monkeypatch)
+    weights = _weights(llm, 1)
+    for engine in (llm, reference):
+        _sync(engine, weights)
+        engine.generate([{"prompt_token_ids": p} for p in PROMPTS], SamplingParams(max_tokens=2, temperature=0))
+        _sync(engine, weights)
+    long = [list(range(3, 60))]  # yarn changes rotations that only matter further into the context
+    with torch.no_grad():
+        ours = llm.model(input_ids=torch.tensor(long)).logits
+        theirs = reference.model(input_ids=torch.tensor(long)).logits
+    assert not torch.allclose(ours, theirs, atol=1e-6), name
+    assert llm.fault.planted_in == 2
+
+
+def test_a_per_expert_fault_needs_a_generation_first(model_dir: Path, monkeypatch) -> None:
+    llm = _engine(model_dir, monkeypatch, "expert-swap@1")
+    with pytest.raises(ValueError, match="sync after a generation"):
+        _sync(llm, _weights(llm, 1))
