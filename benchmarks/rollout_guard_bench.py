@@ -51,11 +51,9 @@ def _levels(config_path: Path | None) -> Any:
     from omegaconf import OmegaConf
 
     from r1_ascend.patches.rules import rollout_guard as guard
-    from r1_ascend.rehearse.config import GUARD_LEVELS
+    from r1_ascend.rehearse.config import guard_config
 
-    if config_path is None:
-        return guard.GuardConfig.from_config(OmegaConf.create({"r1_ascend": {"rollout_guard": GUARD_LEVELS}}))
-    return guard.GuardConfig.from_config(OmegaConf.load(config_path))
+    return guard_config() if config_path is None else guard.GuardConfig.from_config(OmegaConf.load(config_path))
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -148,13 +146,12 @@ def _record(result: Any) -> dict[str, Any]:
     }
 
 
-def _judge(record: dict[str, Any], levels: Any) -> tuple[list[str], list[str]]:
+def _judge(record: dict[str, Any], levels: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
     from r1_ascend.patches.rules import rollout_guard as guard
+    from r1_ascend.rehearse.guard_calibration import stats_from_partials
 
-    values = record["values"]
-    warned = [n for n in guard.GATED if not values[n] <= levels.warn[n]]
-    stopped = [n for n in guard.GATED if not values[n] <= levels.stop[n]]
-    return warned, stopped
+    verdict = guard.Verdict.judge(stats_from_partials(record["partials"]), levels)
+    return verdict.warned, verdict.stopped
 
 
 if __name__ == "__main__":

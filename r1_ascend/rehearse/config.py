@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from r1_ascend import envs
+from r1_ascend.patches.rules.rollout_guard import GuardConfig
 from r1_ascend.rehearse.inputs import Inputs
 from r1_ascend.rehearse.mcore_cpu import CPU_TRANSFORMER_OVERRIDES
 
@@ -38,6 +39,13 @@ GUARD_LEVELS: dict[str, dict[str, float]] = {
         "kl_k3": 0.0097,
     },
 }
+
+
+def guard_config() -> GuardConfig:
+    """The rehearsal's levels (``GUARD_LEVELS``) as the guard reads them, with the guard's own validation."""
+    from omegaconf import OmegaConf
+
+    return GuardConfig.from_config(OmegaConf.create({"r1_ascend": {"rollout_guard": GUARD_LEVELS}}))
 
 
 @dataclass(frozen=True)

@@ -71,12 +71,16 @@ def rehearse_fault(out: Path, fault: str, plan: Plan, sampler: RssSampler, weigh
 
 
 def print_fault_summary(summary: dict[str, object]) -> None:
-    fault = summary["fault"]
+    keys = ("resumed_from_step", "steps_run", "lifecycle", "checkpoint_loads", "checkpoints_kept", "wall_s")
+    print_outcome("fault", "ok", summary, keys)
+
+
+def print_outcome(kind: str, verdict: str, summary: dict[str, object], keys: tuple[str, ...]) -> None:
+    """``summary[kind]`` (a fault's outcome, with its ``name``) line by line, then the run's ``keys`` it has."""
+    fault = summary[kind]
     assert isinstance(fault, dict)
-    print(f"rehearse --fault {fault['name']}: ok")
-    for key, value in fault.items():
-        if key != "name":
-            print(f"  {key + ':':28} {value}")
-    for key in ("resumed_from_step", "steps_run", "lifecycle", "checkpoint_loads", "checkpoints_kept", "wall_s"):
-        if key in summary:
-            print(f"  {key + ':':28} {summary[key]}")
+    print(f"rehearse --{kind.replace('_', '-')} {fault['name']}: {verdict}")
+    rows = [(key, value) for key, value in fault.items() if key != "name"]
+    rows += [(key, summary[key]) for key in keys if key in summary]
+    for key, value in rows:
+        print(f"  {key + ':':28} {value}")

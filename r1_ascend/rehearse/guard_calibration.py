@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import io
-import math
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +55,11 @@ class StepResult:
         return self.stats.statistics()
 
 
+def stats_from_partials(partials: dict[str, Any]) -> guard.DiffStats:
+    """The statistics of a step recorded as ``dataclasses.asdict(DiffStats)`` (the bench's JSON records)."""
+    return guard.DiffStats(**{**partials, "seq_means": tuple(partials["seq_means"])})
+
+
 @dataclass
 class Loop:
     """Actor, engine and optimizer of one seeded run (build with :meth:`build`)."""
@@ -72,7 +75,6 @@ class Loop:
     answers: list[str]
     previous: dict[str, torch.Tensor] | None = None
     step: int = 0
-    results: list[StepResult] = field(default_factory=list)
 
     @classmethod
     def build(cls, setup: Setup) -> Loop:
@@ -144,7 +146,6 @@ class Loop:
         if update:
             self._update(actor_lp, batch, rewards)
         result = StepResult(self.step, None if fault is None else fault.name, stats, float(rewards.mean()))
-        self.results.append(result)
         return result
 
     def _actor_log_probs(self, batch: _Batch, *, grad: bool) -> torch.Tensor:
@@ -224,16 +225,3 @@ def planted(setup: Setup, fault_name: str, at_step: int) -> list[StepResult]:
     loop = Loop.build(setup)
     fault = rollout_faults.get(fault_name)
     return [loop.run_step(fault if step == at_step else None) for step in range(1, at_step + 1)]
-
-
-def summarise(results: Iterable[StepResult]) -> dict[str, dict[str, float]]:
-    """Per statistic: mean and max over the steps (NaN-free input assumed)."""
-    by_name: dict[str, list[float]] = {}
-    for result in results:
-        for name, value in result.values.items():
-            by_name.setdefault(name, []).append(value)
-    return {
-        name: {"mean": sum(values) / len(values), "max": max(values), "min": min(values)}
-        for name, values in by_name.items()
-        if values and not any(math.isnan(v) for v in values)
-    }

@@ -15,12 +15,9 @@ import re
 import time
 from pathlib import Path
 
-import psutil
-
-from r1_ascend.rehearse import rollout_faults
+from r1_ascend.rehearse import faults, rollout_faults
 from r1_ascend.rehearse.budget import RssSampler
 from r1_ascend.rehearse.config import Plan
-from r1_ascend.rehearse.lifecycle import read_lifecycle
 from r1_ascend.rehearse.run import (
     RehearsalError,
     _log,
@@ -67,18 +64,8 @@ def rehearse_rollout_fault(
         _wait_for(lambda: PLANTED.search(_text(log)), f"the engine to plant {name}", 900, head, log)
         planted_at = time.monotonic()
         _log(f"planted {name} in weight sync {FAULT_STEP}; waiting for the guard")
-        try:
-            code = head.wait(STOP_BOUND_S)
-        except Exception as exc:
-            raise RehearsalError(
-                f"the run did not stop within {STOP_BOUND_S:g} s of the planted fault; log: {log}"
-            ) from exc
-        workers = {int(e["pid"]) for e in read_lifecycle(out / "lifecycle")}
-        left = STOP_BOUND_S - (time.monotonic() - planted_at)
-        _wait_for(
-            lambda: not any(psutil.pid_exists(p) for p in workers), "the run's workers to stop", max(left, 1), None, log
-        )
-        stop_s = round(time.monotonic() - planted_at, 1)
+        stop_s = faults.time_to_stop(head, lambda: faults.worker_pids(out), planted_at, log, STOP_BOUND_S)
+        code = head.returncode
     finally:
         _log("stopping the drivers and the Ray nodes (recorded pids)")
         stop_cluster(cluster)
@@ -104,9 +91,7 @@ def judge_stop(text: str, log: Path, out: Path, name: str, code: int, stop_s: fl
     checkpoints = sorted(p.name for p in (out / "checkpoints").glob("global_step_*"))
     if f"global_step_{FAULT_STEP}" in checkpoints:
         raise RehearsalError(f"global_step_{FAULT_STEP} was saved although the guard stopped that step: {checkpoints}")
-    statistics = [
-        part.split(" = ")[0].removeprefix("rollout_guard/") for part in stopped.group(2).split(", rollout_guard/")
-    ]
+    statistics = [part.split(" = ")[0] for part in stopped.group(2).split(", ")]
     return {
         "name": name,
         "stopped_in_step": step,
@@ -118,11 +103,6 @@ def judge_stop(text: str, log: Path, out: Path, name: str, code: int, stop_s: fl
 
 
 def print_rollout_fault_summary(summary: dict[str, object]) -> None:
-    fault = summary["rollout_fault"]
-    assert isinstance(fault, dict)
-    print(f"rehearse --rollout-fault {fault['name']}: stopped by the rollout guard")
-    for key, value in fault.items():
-        if key != "name":
-            print(f"  {key + ':':24} {value}")
-    if "wall_s" in summary:
-        print(f"  {'wall_s:':24} {summary['wall_s']}")
+    from r1_ascend.rehearse.fault_run import print_outcome
+
+    print_outcome("rollout_fault", "stopped by the rollout guard", summary, ("wall_s",))

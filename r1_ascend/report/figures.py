@@ -103,14 +103,22 @@ def _length_panels(run: RunData, _dies: int) -> list[Panel]:
     ]
 
 
+def guard_level_series(run: RunData, key: str, what: str) -> tuple[list[int], list[float]]:
+    """The ``what`` ("warn" or "stop") level logged for guard statistic ``key`` at each step; for the mean in runs of
+    releases before 0.5, their single ``rollout_guard/threshold`` as its stop level."""
+    prefix = guard.WARN_PREFIX if what == "warn" else guard.STOP_PREFIX
+    steps, values = run.series(prefix + key.removeprefix(guard.PREFIX))
+    if not steps and what == "stop" and key == guard.METRIC_MEAN:
+        steps, values = run.series(mn.ROLLOUT_GUARD_THRESHOLD)
+    return steps, values
+
+
 def _guard_references(run: RunData, stat: str) -> list[Reference]:
     """The warn and stop levels the guard logged for ``stat`` (a key of ``rollout_guard.METRIC_NAMES``)."""
     key = guard.METRIC_NAMES[stat]
     found = []
-    for prefix, what in ((guard.WARN_PREFIX, "warn"), (guard.STOP_PREFIX, "stop")):
-        steps, values = run.series(prefix + key.removeprefix(guard.PREFIX))
-        if not steps and what == "stop" and key == guard.METRIC_MEAN:  # runs of releases before 0.5
-            steps, values = run.series(mn.ROLLOUT_GUARD_THRESHOLD)
+    for what in ("warn", "stop"):
+        steps, values = guard_level_series(run, key, what)
         if steps:
             found.append(Reference(f"{what} level", steps, values, of=key, style=what))
     return found

@@ -10,7 +10,7 @@ from r1_ascend.patches.rules import rollout_guard as guard
 from r1_ascend.report import metric_names as mn
 from r1_ascend.report.attempts import COMPLETED, DIED, Attempt
 from r1_ascend.report.compare import CheckResult, regressed_stages
-from r1_ascend.report.figures import FigureResult
+from r1_ascend.report.figures import FigureResult, guard_level_series
 from r1_ascend.report.run import RunData, problems_summary
 from r1_ascend.report.timing import COLUMNS, RESHARD_DERIVED, RESHARD_FROM_TIMER, TimingTable
 
@@ -260,14 +260,6 @@ def _validation_section(run: RunData) -> list[str]:
     return [*lines, ""]
 
 
-def _level_series(run: RunData, key: str, prefix: str) -> dict[int, float]:
-    """The warn or stop level logged for guard statistic ``key`` at each step (``prefix``: warn/ or stop/)."""
-    steps, values = run.series(prefix + key.removeprefix(guard.PREFIX))
-    if not steps and prefix == guard.STOP_PREFIX and key == guard.METRIC_MEAN:  # runs of releases before 0.5
-        steps, values = run.series(mn.ROLLOUT_GUARD_THRESHOLD)
-    return dict(zip(steps, values, strict=True))
-
-
 def _consistency_section(run: RunData) -> list[str]:
     """The guard's difference statistics against the levels logged with them, then verl's own comparison metrics.
 
@@ -294,8 +286,8 @@ def _consistency_section(run: RunData) -> list[str]:
             steps, values = run.series(key)
             top = max(range(len(values)), key=lambda i: -math.inf if math.isnan(values[i]) else values[i])
             cells = []
-            for prefix in (guard.WARN_PREFIX, guard.STOP_PREFIX):
-                levels = _level_series(run, key, prefix)
+            for what in ("warn", "stop"):
+                levels = dict(zip(*guard_level_series(run, key, what), strict=True))
                 above = [s for s, v in zip(steps, values, strict=True) if s in levels and not v <= levels[s]]
                 cells.append((f"{levels[max(levels)]:g}" if levels else "–", _step_list(above) or "none"))
             (warn, over_warn), (stop, over_stop) = cells

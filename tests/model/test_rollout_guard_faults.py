@@ -16,11 +16,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
 from r1_ascend.patches.rules import rollout_guard as guard
 from r1_ascend.rehearse import rollout_faults
-from r1_ascend.rehearse.config import GUARD_LEVELS
+from r1_ascend.rehearse.config import guard_config
+from r1_ascend.rehearse.guard_calibration import stats_from_partials
 
 pytestmark = pytest.mark.slow
 
@@ -60,11 +60,11 @@ def measured(converted: Path, tmp_path_factory: pytest.TempPathFactory) -> list[
 
 
 def _stats(record: dict) -> guard.DiffStats:
-    return guard.DiffStats(**{**record["partials"], "seq_means": tuple(record["partials"]["seq_means"])})
+    return stats_from_partials(record["partials"])
 
 
 def _levels() -> guard.GuardConfig:
-    return guard.GuardConfig.from_config(OmegaConf.create({"r1_ascend": {"rollout_guard": GUARD_LEVELS}}))
+    return guard_config()
 
 
 def test_healthy_steps_never_warn(measured: list[dict]) -> None:
