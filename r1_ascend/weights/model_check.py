@@ -32,6 +32,10 @@ from typing import Any
 #: reduction order; bf16 is measured (docs/benchmarks.md) and given a margin.
 TOLERANCES: dict[str, tuple[float, float]] = {"fp32": (1e-4, 1e-5), "bf16": (0.1, 0.01)}
 
+#: ``--layers`` without a value: the dense layers plus one MoE layer (layer_check.default_layers). Not a string,
+#: which argparse would pass through ``type``; not a number a user could type.
+DEFAULT_LAYERS = object()
+
 
 @dataclass(frozen=True)
 class Gap:
@@ -43,6 +47,7 @@ class Gap:
     mean_abs_logprob_gap: float
     argmax_agreement: float
     megatron_parameters: int
+    layers: int  # decoder layers compared (all of them unless --layers)
 
     def within(self) -> bool:
         max_logit, mean_lp = TOLERANCES[self.dtype]
@@ -107,26 +112,30 @@ def token_batch(vocab: int, rows: int, length: int, seed: int) -> tuple[Any, Any
     return ids, mask, positions
 
 
-def compare(
+def build_models(
     hf_dir: Path,
-    dist_ckpt: Path | None = None,
-    dtype_name: str = "fp32",
-    rows: int = 4,
-    length: int = 48,
-    seed: int = 0,
-    transformer_overrides: dict[str, Any] | None = None,
-) -> Gap:
-    """Build both models, score one batch with each, and measure the gap over the valid tokens."""
-    import torch
+    dist_ckpt: Path | None,
+    dtype: Any,
+    overrides: dict[str, Any],
+    layers: int | None = None,
+) -> tuple[list[Any], Any, Any]:
+    """The actor and transformers' model with the same weights: whole, or only the first ``layers`` layers."""
     from transformers import AutoConfig, DeepseekV3ForCausalLM
-    from verl.models.mcore import get_mcore_forward_fn
-    from verl.utils.megatron_utils import unwrap_model
 
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
+    from r1_ascend.weights import layer_check
+
     hf_config = AutoConfig.from_pretrained(str(hf_dir))
-    overrides = dict(transformer_overrides or {})
-    actor, tf_config = build_actor(hf_config, dtype, overrides)
-    if dist_ckpt is not None:
+    if layers is not None:
+        hf_config = layer_check.truncated_config(hf_config, layers)
+    metadata = layer_check.check_dist_layers(dist_ckpt, layers) if layers and dist_ckpt else None
+    if metadata is not None:
+        overrides = {**overrides, "perform_initialization": False}  # every weight is read from the checkpoint
+    # DDP's fp32 gradient buffers would double a truncated 671B model's memory; the forward does not use them
+    actor, tf_config = build_actor(hf_config, dtype, overrides, wrap_with_ddp=layers is None)
+    if dist_ckpt is not None and metadata is not None:
+        layer_check.load_dist_layers(actor, dist_ckpt, layers, metadata)
+        reference = layer_check.load_hf_layers(hf_dir, hf_config, dtype)
+    elif dist_ckpt is not None:
         from verl.utils.model import load_mcore_dist_weights
 
         load_mcore_dist_weights(actor, str(dist_ckpt), is_value_model=False)
@@ -137,14 +146,43 @@ def compare(
         missing, unexpected = reference.load_state_dict(named, strict=False)
         if missing or unexpected:
             raise ValueError(f"the actor's export does not match transformers: missing {missing}, extra {unexpected}")
+    return actor, reference, hf_config
+
+
+def score(actor: list[Any], reference: Any, hf_config: Any, batch: tuple[Any, Any, Any]) -> tuple[Any, Any]:
+    """Logits of both models on one batch (eval mode, no grad), in fp32."""
+    import torch
+    from verl.models.mcore import get_mcore_forward_fn
+
     reference.eval()
     for chunk in actor:
         chunk.eval()
-    ids, mask, positions = token_batch(int(hf_config.vocab_size), rows, length, seed)
+    ids, mask, positions = batch
     forward = get_mcore_forward_fn(hf_config)
     with torch.no_grad():
         megatron_logits = forward(actor[0], ids, mask, positions, {}).float()
         reference_logits = reference(input_ids=ids, attention_mask=mask.long(), position_ids=positions).logits.float()
+    return megatron_logits, reference_logits
+
+
+def compare(
+    hf_dir: Path,
+    dist_ckpt: Path | None = None,
+    dtype_name: str = "fp32",
+    rows: int = 4,
+    length: int = 48,
+    seed: int = 0,
+    transformer_overrides: dict[str, Any] | None = None,
+    layers: int | None = None,
+) -> Gap:
+    """Build both models, score one batch with each, and measure the gap over the valid tokens."""
+    import torch
+    from verl.utils.megatron_utils import unwrap_model
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
+    actor, reference, hf_config = build_models(hf_dir, dist_ckpt, dtype, dict(transformer_overrides or {}), layers)
+    ids, mask, positions = token_batch(int(hf_config.vocab_size), rows, length, seed)
+    megatron_logits, reference_logits = score(actor, reference, hf_config, (ids, mask, positions))
     gap = (megatron_logits - reference_logits)[mask]
     logprob_gap = (torch.log_softmax(megatron_logits, -1) - torch.log_softmax(reference_logits, -1))[mask]
     agreement = (megatron_logits.argmax(-1) == reference_logits.argmax(-1))[mask].float().mean()
@@ -155,10 +193,11 @@ def compare(
         mean_abs_logprob_gap=float(logprob_gap.abs().mean()),
         argmax_agreement=float(agreement),
         megatron_parameters=sum(p.numel() for p in unwrap_model(actor[0]).parameters()),
+        layers=int(hf_config.num_hidden_layers),
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     from r1_ascend.cli import plain_help
 
     parser = argparse.ArgumentParser(prog="r1-ascend check-model", description=plain_help(__doc__.split("\n\n")[0]))
@@ -166,18 +205,76 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dist-ckpt", type=Path, help="Megatron dist checkpoint made from it (to-megatron)")
     parser.add_argument("--dtype", choices=sorted(TOLERANCES), default="fp32")
     parser.add_argument("--cpu", action="store_true", help="run on the CPU (device-only calls replaced)")
+    parser.add_argument(
+        "--layers",
+        type=int,
+        nargs="?",
+        const=DEFAULT_LAYERS,
+        metavar="N",
+        help="build both models with only the first N decoder layers and read only those layers' weights "
+        "(for checkpoints too large to load whole); without N: first_k_dense_replace + 1 (4 for DeepSeek-V3)",
+    )
     parser.add_argument("--rows", type=int, default=4)
     parser.add_argument("--length", type=int, default=48)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="also write the measured gap to this file")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _input_error(args: argparse.Namespace) -> str | None:
     if not (args.hf_dir / "config.json").is_file():
-        print(
-            f"error: {args.hf_dir}/config.json not found: --hf-dir must be an HF checkpoint directory", file=sys.stderr
-        )
-        return 2
+        return f"{args.hf_dir}/config.json not found: --hf-dir must be an HF checkpoint directory"
     if args.dist_ckpt is not None and not (args.dist_ckpt / "metadata.json").is_file():
-        print(f"error: {args.dist_ckpt} is not a Megatron dist checkpoint (no metadata.json)", file=sys.stderr)
+        return f"{args.dist_ckpt} is not a Megatron dist checkpoint (no metadata.json)"
+    return None
+
+
+def select_layers(args: argparse.Namespace) -> int | None:
+    """The layer count ``--layers`` asks for (None: the whole model), checked against both checkpoints' layers,
+    with the memory estimate printed before anything is allocated."""
+    if args.layers is None:
+        return None
+    from r1_ascend.weights import layer_check
+
+    config = json.loads((args.hf_dir / "config.json").read_text(encoding="utf-8"))
+    layers = layer_check.resolve_layers(None if args.layers is DEFAULT_LAYERS else args.layers, config)
+    layer_check.check_hf_layers(args.hf_dir, config, layers)
+    if args.dist_ckpt is not None:
+        layer_check.check_dist_layers(args.dist_ckpt, layers)
+    dtype_bytes = 4 if args.dtype == "fp32" else 2
+    layer_check.note(layer_check.estimate(config, layers, dtype_bytes).describe(args.dtype))
+    return layers
+
+
+def _report(result: Gap, dtype_name: str, layers: int | None) -> int:
+    max_logit, mean_lp = TOLERANCES[dtype_name]
+    what = f"first {layers} layers, " if layers else ""
+    if result.within():
+        print(f"check-model: the actor and transformers agree within {max_logit} (logits) / {mean_lp} nat ", end="")
+        print(f"({what}{dtype_name})")
+        return 0
+    print(
+        f"check-model: the actor and transformers DISAGREE beyond {max_logit} (logits) / {mean_lp} nat "
+        f"({what}{dtype_name}): "
+        "check group-limited routing (moe_router_num_groups / moe_router_group_topk vs n_group / topk_group), "
+        "the yarn rope settings (rope_scaling.factor x original_max_position_embeddings = max_position_embeddings), "
+        "and the conversion (r1-ascend convert-weights verify)",
+        file=sys.stderr,
+    )
+    return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    from r1_ascend.weights.errors import WeightsError
+
+    args = _parser().parse_args(argv)
+    problem = _input_error(args)
+    try:
+        layers = None if problem else select_layers(args)
+    except WeightsError as exc:
+        problem = str(exc)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     from r1_ascend.patches.prelude import apply_once
 
@@ -189,24 +286,19 @@ def main(argv: list[str] | None = None) -> int:
         mcore_cpu.install()
         overrides.update(mcore_cpu.CPU_TRANSFORMER_OVERRIDES)
     init_single_rank("gloo" if args.cpu else "hccl")
-    result = compare(args.hf_dir, args.dist_ckpt, args.dtype, args.rows, args.length, args.seed, overrides)
+    try:
+        result = compare(args.hf_dir, args.dist_ckpt, args.dtype, args.rows, args.length, args.seed, overrides, layers)
+    except WeightsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if layers is not None:
+        from r1_ascend.weights.layer_check import note, peak_rss_gb
+
+        note(f"check-model: peak resident memory {peak_rss_gb():.2f} GB")
     print(json.dumps(asdict(result), indent=2))
     if args.json is not None:
         args.json.write_text(json.dumps(asdict(result)) + "\n", encoding="utf-8")
-    max_logit, mean_lp = TOLERANCES[args.dtype]
-    if result.within():
-        print(
-            f"check-model: the actor and transformers agree within {max_logit} (logits) / {mean_lp} nat ({args.dtype})"
-        )
-        return 0
-    print(
-        f"check-model: the actor and transformers DISAGREE beyond {max_logit} (logits) / {mean_lp} nat ({args.dtype}): "
-        "check group-limited routing (moe_router_num_groups / moe_router_group_topk vs n_group / topk_group), "
-        "the yarn rope settings (rope_scaling.factor x original_max_position_embeddings = max_position_embeddings), "
-        "and the conversion (r1-ascend convert-weights verify)",
-        file=sys.stderr,
-    )
-    return 1
+    return _report(result, args.dtype, layers)
 
 
 if __name__ == "__main__":

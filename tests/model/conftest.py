@@ -1,8 +1,14 @@
 """One converted smoke-model checkpoint per session, made as the rehearsal makes it: the quickstart's FP8 -> BF16 ->
-Megatron chain, plus the tiny tokenizer."""
+Megatron chain, plus the tiny tokenizer; and ``r1-ascend check-model`` run in its own process."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,3 +20,23 @@ def converted(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     hf_dir, _ = make_weights(tmp_path_factory.mktemp("model"))
     return hf_dir.parent
+
+
+def _run_check(weights: Path, *extra: str, env: dict[str, str] | None = None) -> tuple[int, dict, str]:
+    out = Path(tempfile.mkdtemp()) / "gap.json"
+    cmd = [sys.executable, "-m", "r1_ascend.weights.model_check", "--cpu", "--hf-dir", str(weights / "hf-bf16")]
+    cmd += ["--json", str(out)]
+    from r1_ascend.rehearse.run import SITE  # torch_npu / MindSpeed stand-ins, as in the rehearsal's processes
+
+    python_path = os.pathsep.join(filter(None, [str(SITE), os.environ.get("PYTHONPATH", "")]))
+    full_env = {**os.environ, "PYTHONPATH": python_path, **(env or {})}
+    done = subprocess.run([*cmd, *extra], capture_output=True, text=True, check=False, env=full_env, timeout=300)
+    result = json.loads(out.read_text(encoding="utf-8")) if out.is_file() else {}
+    return done.returncode, result, done.stdout + done.stderr
+
+
+@pytest.fixture
+def run_check() -> Callable[..., tuple[int, dict, str]]:
+    """check-model on a checkpoint pair, in its own process (it rewires megatron-core's device calls and
+    initialises torch.distributed): (exit status, the JSON result, stdout + stderr)."""
+    return _run_check

@@ -4,9 +4,7 @@ megatron-core's device calls and initialises torch.distributed."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,24 +12,8 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-def run_check(weights: Path, *extra: str, env: dict[str, str] | None = None) -> tuple[int, dict, str]:
-    import os
-    import tempfile
-
-    out = Path(tempfile.mkdtemp()) / "gap.json"
-    cmd = [sys.executable, "-m", "r1_ascend.weights.model_check", "--cpu", "--hf-dir", str(weights / "hf-bf16")]
-    cmd += ["--json", str(out)]
-    from r1_ascend.rehearse.run import SITE  # torch_npu / MindSpeed stand-ins, as in the rehearsal's processes
-
-    python_path = os.pathsep.join(filter(None, [str(SITE), os.environ.get("PYTHONPATH", "")]))
-    full_env = {**os.environ, "PYTHONPATH": python_path, **(env or {})}
-    done = subprocess.run([*cmd, *extra], capture_output=True, text=True, check=False, env=full_env, timeout=300)
-    result = json.loads(out.read_text(encoding="utf-8")) if out.is_file() else {}
-    return done.returncode, result, done.stdout + done.stderr
-
-
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_converted_checkpoint_matches_transformers(converted: Path, dtype: str) -> None:
+def test_converted_checkpoint_matches_transformers(converted: Path, run_check: Callable, dtype: str) -> None:
     code, result, output = run_check(converted, "--dist-ckpt", str(converted / "mcore"), "--dtype", dtype)
     assert code == 0, output[-3000:]
     assert result["argmax_agreement"] >= 0.95
@@ -39,13 +21,13 @@ def test_converted_checkpoint_matches_transformers(converted: Path, dtype: str) 
         assert result["max_logit_gap"] < 1e-4
 
 
-def test_actor_export_loads_into_transformers_and_matches(converted: Path) -> None:
+def test_actor_export_loads_into_transformers_and_matches(converted: Path, run_check: Callable) -> None:
     code, result, output = run_check(converted, "--dtype", "fp32")
     assert code == 0, output[-3000:]
     assert result["max_logit_gap"] < 1e-4
 
 
-def test_ungrouped_routing_is_caught(converted: Path) -> None:
+def test_ungrouped_routing_is_caught(converted: Path, run_check: Callable) -> None:
     """verl 0.6.1's stock config conversion (routing over all experts) differs from DeepSeek-V3's group-limited
     routing: the check must fail on it."""
     code, result, output = run_check(
