@@ -39,7 +39,9 @@ from ._errors import (
     RolloutGuardConfigError,
     RolloutMemoryError,
     TorchairGraphConfigError,
+    WatchdogConfigError,
     WeightSyncError,
+    WorkerLostError,
 )
 from ._install import get_original, install, installed_targets, patched_by, restore_all
 from ._registry import PATCHES, PROCESSES, PatchSpec, spec_by_module, spec_by_name
@@ -69,7 +71,9 @@ __all__ = [
     "Status",
     "Target",
     "TorchairGraphConfigError",
+    "WatchdogConfigError",
     "WeightSyncError",
+    "WorkerLostError",
     "applied_names",
     "apply_all",
     "apply_one",

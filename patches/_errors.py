@@ -95,3 +95,14 @@ class CheckpointSaveError(PatchError):
 
 class CheckpointResumeError(PatchError):
     """A resume would load an incomplete checkpoint or silently start over beside existing ones."""
+
+
+# --- verl_worker_watchdog -----------------------------------------------------------------------------------------
+
+
+class WatchdogConfigError(PatchError, ValueError):
+    """The watchdog's settings are invalid (unknown key, a limit that would mistake a busy host for a lost worker)."""
+
+
+class WorkerLostError(PatchError):
+    """A training worker died, stopped answering or lost its node; the message says where, and how to resume."""

@@ -11,7 +11,9 @@ Order matters and is deliberate:
 7. ``verl_rollout_guard`` wraps the trainer's loop last, so it sees the worker group after 6 changed it;
 8. ``verl_dpskv3_group_routing`` changes how verl builds the Megatron model config and depends on nothing above;
 9. ``verl_checkpoint_integrity`` changes when checkpoints are deleted and which one a resume takes; it depends on
-   nothing above.
+   nothing above;
+10. ``verl_worker_watchdog`` wraps the worker methods the trainer calls to report their stage; it depends on
+    nothing above and wraps none of their targets.
 """
 
 from __future__ import annotations
@@ -65,6 +67,16 @@ _FORWARD_BACKWARD_PARAMS = (
     "max_token_len",
     "mini_batch_size",
 )
+#: The ActorRolloutRefWorker methods verl's trainer calls, with their verl 0.6.1 parameters (verl_worker_watchdog).
+_WORKER_STAGE_PARAMS: dict[str, tuple[str, ...]] = {
+    "init_model": ("self",),
+    "load_checkpoint": ("self", "checkpoint_path", "hdfs_path", "del_local_after_load"),
+    "generate_sequences": ("self", "prompts"),
+    "compute_log_prob": ("self", "data"),
+    "compute_ref_log_prob": ("self", "data"),
+    "update_actor": ("self", "data"),
+    "save_checkpoint": ("self", "checkpoint_path", "hdfs_path", "global_step", "max_ckpt_to_keep"),
+}
 
 PATCHES: tuple[PatchSpec, ...] = (
     PatchSpec(
@@ -180,6 +192,15 @@ PATCHES: tuple[PatchSpec, ...] = (
         ),
         requires=MappingProxyType({"verl": "0.6.1", "megatron-core": "0.12.1"}),
         processes=("driver", "worker"),
+    ),
+    PatchSpec(
+        name="verl_worker_watchdog",
+        targets=tuple(
+            Target(_MEGATRON_WORKERS, f"ActorRolloutRefWorker.{method}", "verl", params=params)
+            for method, params in _WORKER_STAGE_PARAMS.items()
+        ),
+        requires=MappingProxyType({"verl": "0.6.1"}),
+        processes=("worker",),
     ),
 )
 

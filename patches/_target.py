@@ -87,7 +87,7 @@ def check_signature(target: Target, obj: Any, *, patch: str) -> None:
         return
     func = obj.__func__ if isinstance(obj, (staticmethod, classmethod)) else obj
     try:
-        found = tuple(inspect.signature(func).parameters)
+        found = tuple(inspect.signature(_undecorated(func)).parameters)
     except (TypeError, ValueError) as exc:
         msg = f"patch {patch!r}: {target.path} is not a callable with a signature ({exc})"
         raise PatchTargetError(f"{msg}. {version_hint(target)} {disable_hint(patch)}") from exc
@@ -97,6 +97,25 @@ def check_signature(target: Target, obj: Any, *, patch: str) -> None:
             f"found ({', '.join(found)})"
         )
         raise PatchTargetError(f"{msg}. {version_hint(target)} {disable_hint(patch)}")
+
+
+def _undecorated(func: Any) -> Any:
+    """``func`` through decorators that did not use ``functools.wraps`` (verl's ``GPUMemoryLogger`` and
+    ``register`` return a bare ``(*args, **kwargs)`` wrapper): the one function such a wrapper holds in its closure,
+    followed inwards; ``func`` itself when a wrapper holds none or several."""
+    for _ in range(8):
+        params = inspect.signature(func).parameters.values() if callable(func) else ()
+        if [p.kind for p in params] != [inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD]:
+            return func
+        inner = [
+            cell.cell_contents
+            for cell in getattr(func, "__closure__", None) or ()
+            if inspect.isfunction(cell.cell_contents)
+        ]
+        if len(inner) != 1:
+            return func
+        func = inner[0]
+    return func
 
 
 def missing_target_error(

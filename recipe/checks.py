@@ -69,6 +69,7 @@ def check_recipe_config(
             f"trainer.device={device!r}: verl 0.6.1 does not detect the device; set trainer.device={expect_device}."
         )
     problems.extend(_switch_problems(environ))
+    problems.extend(_watchdog_problems(config))
     if resolve_classes and not problems:
         problems.extend(_class_problems(config))
     return problems
@@ -118,3 +119,15 @@ def _is_offload_rollout(registered: Any) -> bool:
         return registered == ROLLOUT_CLASS_PATH
     path = f"{getattr(registered, '__module__', '')}.{getattr(registered, '__qualname__', '')}"
     return path == ROLLOUT_CLASS_PATH or patched_by(registered) == ROLLOUT_PATCH
+
+
+def _watchdog_problems(config: Any) -> list[str]:
+    """The run watchdog's settings (``r1_ascend.watchdog``) as the TaskRunner will read them."""
+    from r1_ascend.patches import WatchdogConfigError
+    from r1_ascend.patches.rules.watchdog import WatchdogConfig
+
+    try:
+        WatchdogConfig.from_config(config)
+    except WatchdogConfigError as exc:
+        return [str(exc)]
+    return []

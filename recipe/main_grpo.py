@@ -9,6 +9,7 @@ driver logic is reused, not copied.
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +18,16 @@ from omegaconf import OmegaConf, open_dict
 from verl.trainer.main_ppo import TaskRunner, run_ppo
 
 import r1_ascend.patches.prelude  # noqa: F401 - applies the overlay before any verl object is built or used
+from r1_ascend.patches import WorkerLostError
+from r1_ascend.recipe import watchdog
 from r1_ascend.recipe.checks import check_recipe_config
 from r1_ascend.recipe.driver_address import check_driver_can_join
 from r1_ascend.recipe.runtime_env import add_overlay_to_config
 
 logger = logging.getLogger(__name__)
 
+#: The resource Ray gives the head node only (one unit; a fraction of it pins an actor there without using it up).
+HEAD_NODE_RESOURCE = "node:__internal_head__"
 #: The packaged recipe configs; ``--config-path`` overrides it.
 CONFIG_DIR = str(Path(__file__).resolve().parent / "config")
 
@@ -53,7 +58,12 @@ class R1AscendTaskRunner(TaskRunner):
     def run(self, config: Any) -> None:
         raise_on_problems(check_recipe_config(config))
         check_resume_before_workers(config)
-        super().run(config)
+        with watchdog.watching(config) as dog:
+            try:
+                super().run(config)
+            except Exception as exc:
+                raise_if_worker_lost(exc, dog, config)
+                raise
 
     def add_actor_rollout_worker(self, config: Any) -> tuple[type, type]:
         from verl.workers.megatron_workers import ActorRolloutRefWorker
@@ -79,6 +89,19 @@ def check_resume_before_workers(config: Any) -> None:
         integrity.check_resume(config.trainer)
 
 
+def raise_if_worker_lost(exc: Exception, dog: watchdog.Watchdog | None, config: Any) -> None:
+    """Turn the trainer's failure into WorkerLostError when a worker was lost or stuck (else return)."""
+    from r1_ascend.patches import verl_checkpoint_integrity as integrity
+
+    found = watchdog.lost_workers(exc, dog)
+    if found is None:
+        return
+    stall, lost = found
+    beats = dog.beats if dog is not None else []
+    root = integrity.checkpoint_root(config.trainer)
+    raise WorkerLostError(watchdog.describe_loss(stall, lost, root, beats)) from exc
+
+
 def run(config: Any) -> None:
     import ray
 
@@ -86,7 +109,30 @@ def run(config: Any) -> None:
     raise_on_problems(check_recipe_config(config))
     if not ray.is_initialized():
         check_driver_can_join()  # run_ppo's bare ray.init() would otherwise start a local cluster
-    run_ppo(config, task_runner_class=ray.remote(num_cpus=1)(R1AscendTaskRunner))
+    try:
+        run_ppo(config, task_runner_class=task_runner_class())
+    except WorkerLostError as exc:  # Ray's copy carries the TaskRunner's traceback; the message is what matters
+        cause = getattr(exc, "cause", None) or exc
+        print(f"r1-ascend: {type(cause).__name__}: {cause}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+    except Exception as exc:
+        if not watchdog.ray_losses(exc):
+            raise
+        from r1_ascend.patches import verl_checkpoint_integrity as integrity
+
+        lost = [watchdog.Lost(None, watchdog.ray_reason(watchdog.ray_losses(exc)[0]))]
+        root = integrity.checkpoint_root(config.trainer)
+        text = watchdog.describe_loss(None, lost, root, [], who="the trainer's process (verl's TaskRunner)")
+        print(f"r1-ascend: WorkerLostError: {text}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+
+
+def task_runner_class() -> Any:
+    """The TaskRunner as a Ray actor on the head node, where the driver runs: verl places it on any node with a
+    free CPU, and a worker node lost would take the trainer (and the watchdog) with it instead of being reported."""
+    import ray
+
+    return ray.remote(num_cpus=1, resources={HEAD_NODE_RESOURCE: 0.001})(R1AscendTaskRunner)
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name=None, version_base=None)

@@ -27,6 +27,10 @@ export RAY_DEDUP_LOGS="${RAY_DEDUP_LOGS:-0}"
 export RAY_USAGE_STATS_ENABLED="${RAY_USAGE_STATS_ENABLED:-0}"
 export HYDRA_FULL_ERROR="${HYDRA_FULL_ERROR:-1}"
 export VERL_LOGGING_LEVEL="${VERL_LOGGING_LEVEL:-WARN}"
+# A worker killed from outside (the OOM killer, a device fault) leaves what it forked running: megatron-core's
+# checkpoint Manager process holds the worker's sockets, so Ray never sees the worker die. The raylet adopts and
+# kills such processes within 10 s (Ray's subreaper mode, Linux >= 3.4).
+export RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper="${RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper:-true}"
 # verl imports these modules in every process that imports verl: that is how the patches reach every Ray worker.
 export VERL_USE_EXTERNAL_MODULES="${VERL_USE_EXTERNAL_MODULES:-r1_ascend.patches.prelude}"
 

@@ -14,7 +14,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-from r1_ascend.patches.rules import rollout_guard
+from r1_ascend.patches.rules import rollout_guard, watchdog
 
 #: The overlay the launcher runs when ``R1_ASCEND_CONFIG`` is not set.
 DEFAULT_OVERLAY = "grpo_deepseekv3_671b"
@@ -81,6 +81,10 @@ EXTENSION_KEYS: Mapping[str, str] = {
         for level, defaults in (("warn", rollout_guard.DEFAULT_WARN), ("stop", rollout_guard.DEFAULT_STOP))
         for name in rollout_guard.GATED
     },
+    f"{watchdog.CONFIG_KEY}.enabled": "r1-ascend: stop a run whose worker is lost or stuck, naming it (the watchdog)",
+    f"{watchdog.CONFIG_KEY}.silence_s": "r1-ascend: a worker without a heartbeat this long is lost (seconds)",
+    f"{watchdog.CONFIG_KEY}.stage_s": "r1-ascend: a stage this long on every worker is a hang (seconds)",
+    f"{watchdog.CONFIG_KEY}.poll_s": "r1-ascend: how often the driver reads the heartbeats (seconds)",
 }
 
 #: The keys in which the smoke overlay may differ from the 671B overlay (everything else must be identical, so the

@@ -79,6 +79,11 @@ class Plan:
         return self.nodes * self.npus_per_node
 
 
+#: The watchdog's settings in the rehearsal: 6 missed heartbeats (a loaded 2-core host delays a beat by seconds)
+#: and a stage limit 10x the longest stage of a healthy rehearsal (the first init_model, about a minute).
+WATCHDOG = {"silence_s": 30, "stage_s": 600, "poll_s": 2}
+
+
 def overrides(plan: Plan, inputs: Inputs, out: Path, repo_root: Path) -> list[str]:
     """Hydra overrides on top of the smoke config (each line: what and why)."""
     world = plan.world
@@ -141,6 +146,8 @@ def overrides(plan: Plan, inputs: Inputs, out: Path, repo_root: Path) -> list[st
             for level, values in (GUARD_LEVELS.items() if plan.guard_levels == "cpu" else ())
             for name, value in values.items()
         ),
+        # the run watchdog at CPU scale: a stage of this run takes seconds, a lost worker must stop it within a minute
+        *(f"r1_ascend.watchdog.{key}={value}" for key, value in WATCHDOG.items()),
         *seed_overrides(plan.seed),
         *(
             [

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from r1_ascend.rehearse import faults, training
+from r1_ascend.rehearse import faults, process_faults, training
 from r1_ascend.rehearse.budget import RssSampler
 from r1_ascend.rehearse.config import Plan
 from r1_ascend.rehearse.run import (
@@ -22,7 +22,10 @@ from r1_ascend.rehearse.run import (
     judge,
     kill_mid_step,
     new_cluster,
+    node_dir,
+    node_ip,
     prepare,
+    rejoin_node,
     relaunch,
     start_cluster,
     start_driver,
@@ -44,6 +47,16 @@ def rehearse_fault(out: Path, fault: str, plan: Plan, sampler: RssSampler, weigh
             _log(f"run 2: relaunching onto the truncated checkpoint (log {logs[1]}); it must refuse")
             since = time.monotonic()
             outcome = faults.check_refusal(start_driver(cluster, launch, logs[1]), out, logs[1], cut, since, killed)
+        elif fault in process_faults.PROCESS_FAULTS:
+            last = node_ip(plan.nodes - 1)
+            pid_file = node_dir(out, last) / f"ray-worker-{last}.pid"
+            outcome = process_faults.plant(fault, head, out, plan, logs[0], pid_file, last)
+            _log(f"{fault}: stopped {outcome.stop_s} s after the fault: {outcome.seen['error'][:300]}")
+            if process_faults.PROCESS_FAULTS[fault].node:
+                _log(f"node {last} rejoins the cluster")
+                rejoin_node(cluster, cluster.envs[-1])
+            _log(f"run 2: relaunching (log {logs[1]})")
+            relaunch(cluster, launch, logs[1], timeout=900)
         else:
             plant = faults.kill_during_save if fault == "kill-during-save" else faults.disk_full
             outcome = plant(head, out, plan, logs[0])

@@ -36,6 +36,8 @@ from r1_ascend.rehearse.config import Plan
 from r1_ascend.rehearse.lifecycle import read_lifecycle
 
 FAULTS = ("kill-during-save", "disk-full", "corrupt-latest")
+#: The process faults (r1_ascend.rehearse.process_faults), planted in the same short plan as kill-during-save.
+PROCESS_FAULTS = ("kill-actor-worker", "kill-rollout", "hang", "node-loss")
 #: Largest file a worker may write under ``disk-full`` (a rank's shard of the rehearsal's model is ~21 MB; its logs
 #: stay well below this).
 FSIZE_LIMIT = 4 * 1024 * 1024

@@ -106,8 +106,9 @@ def check_lifecycle(events: list[dict[str, Any]], killed_pids: set[int], workers
 
 
 def check_checkpoint_loads(events: list[dict[str, Any]], killed_pids: set[int], step: int) -> str:
-    """Every worker of the resumed run loaded the actor checkpoint of ``step`` once, before its first generation;
-    no worker of the killed run (a fresh start) loaded one."""
+    """Every worker of the resumed run loaded the actor checkpoint of ``step`` once, before its first generation
+    (none when ``step`` is 0: nothing was saved before the kill); no worker of the killed run (a fresh start) loaded
+    one."""
     workers = _by_pid(events)
     loads: dict[int, list[str]] = {pid: [] for pid in workers}
     generated: set[int] = set()
@@ -123,13 +124,15 @@ def check_checkpoint_loads(events: list[dict[str, Any]], killed_pids: set[int], 
     if not resumed:
         raise LifecycleError("no worker of the resumed run recorded a rollout lifecycle event")
     for pid in sorted(workers):
-        expected = [] if pid in killed_pids else [f"step {step}"]
+        expected = [] if pid in killed_pids or step == 0 else [f"step {step}"]
         if loads[pid] != expected:
             run = "killed run, started fresh" if pid in killed_pids else "resumed run"
             raise LifecycleError(
                 f"worker pid {pid} ({run}) loaded checkpoints [{', '.join(loads[pid]) or 'none'}], expected "
                 f"[{', '.join(expected) or 'none'}] before its first generation"
             )
+    if step == 0:
+        return f"{len(resumed)} workers of the resumed run started afresh (no checkpoint was saved before)"
     return f"{len(resumed)} workers of the resumed run loaded global_step_{step} before generating"
 
 

@@ -15,7 +15,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from r1_ascend.patches.rules.checkpoints import read_tracker
+from r1_ascend.patches.rules.checkpoints import read_tracker, step_dirs
 from r1_ascend.rehearse import training
 from r1_ascend.rehearse.budget import RssSampler
 from r1_ascend.rehearse.config import Plan, with_overrides
@@ -51,11 +51,14 @@ def _launch_command(launch: Path) -> list[str]:
 
 
 def expected_step(out: Path, extra: list[str]) -> int:
-    """The step the relaunch must resume from: the one ``trainer.resume_from_path`` names, else the tracked one."""
+    """The step the relaunch must resume from: the one ``trainer.resume_from_path`` names, else the tracked one;
+    0 when no checkpoint was saved at all (verl then starts afresh, which the relaunch's log must show)."""
     for item in extra:
         if match := _RESUME_FROM.match(item):
             return int(match.group(1))
     tracked = read_tracker(out / "checkpoints")
+    if tracked is None and not step_dirs(out / "checkpoints"):
+        return 0  # the run was stopped before its first checkpoint: the relaunch starts at step 0, and says so
     if not isinstance(tracked, int):
         raise RehearsalError(
             f"nothing to resume in {out}: {tracked or 'no latest_checkpointed_iteration.txt under checkpoints/'}"

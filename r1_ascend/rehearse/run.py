@@ -41,7 +41,7 @@ from r1_ascend.rehearse import training
 from r1_ascend.rehearse.budget import RssSampler
 from r1_ascend.rehearse.config import Plan, driver_command
 from r1_ascend.rehearse.export import ExportError, export
-from r1_ascend.rehearse.faults import FAULTS, FaultError, plan_for
+from r1_ascend.rehearse.faults import FAULTS, PROCESS_FAULTS, FaultError, plan_for
 from r1_ascend.rehearse.inputs import make_inputs
 from r1_ascend.rehearse.lifecycle import (
     LifecycleError,
@@ -165,9 +165,26 @@ def _wait_for(predicate, what: str, timeout: float, alive: subprocess.Popen | No
         if result:
             return result
         if alive is not None and alive.poll() is not None:
-            raise RehearsalError(f"{what}: the process exited with {alive.returncode} first; log: {log}")
+            raise RehearsalError(f"{what}: the process exited with {alive.returncode} first{_run_error(log)}")
         time.sleep(0.5)
     raise RehearsalError(f"{what}: not reached within {timeout:g} s; log: {log}")
+
+
+#: The line the recipe's entry point prints when the run stopped for a lost worker (WorkerLostError).
+RUN_ERROR = re.compile(r"^r1-ascend: (\w+Error: .*)$", re.M)
+
+
+def _run_error(log: Path | None) -> str:
+    """``: <the run's own error>; log: ...`` and, after a lost worker, how to continue the rehearsal."""
+    if log is None:
+        return ""
+    errors = RUN_ERROR.findall(_text(log))
+    if not errors:
+        return f"; log: {log}"
+    hint = ""
+    if errors[-1].startswith("WorkerLostError"):
+        hint = f"; continue the rehearsal with: r1-ascend rehearse --resume --output-dir {log.parent}"
+    return f": {errors[-1]}; log: {log}{hint}"
 
 
 def _text(path: Path) -> str:
@@ -183,13 +200,32 @@ def start_cluster(cluster: Cluster, head_log: Path) -> subprocess.Popen:
     ray_log = node_dir(cluster.out, cluster.head_ip) / f"ray-head-{cluster.head_ip}.log"
     _wait_for(lambda: "Ray runtime started" in _text(ray_log), "the Ray head to start", 180, head, head_log)
     for env in cluster.envs[1:]:
-        done = subprocess.run(
-            [*cluster.prefix, "bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=240, check=False
-        )
-        (node_dir(cluster.out, env["NODE_IP"]) / "start.log").write_text(done.stdout + done.stderr)
-        if done.returncode != 0:
-            raise RehearsalError(f"node {env['NODE_IP']} did not join: {done.stderr.strip()[-1500:]}")
+        join_node(cluster, env)
     return head
+
+
+def join_node(cluster: Cluster, env: dict[str, str]) -> None:
+    """Start Ray on a non-head node (``ray_start_npu.sh`` returns once it joined)."""
+    done = subprocess.run(
+        [*cluster.prefix, "bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=240, check=False
+    )
+    (node_dir(cluster.out, env["NODE_IP"]) / "start.log").write_text(done.stdout + done.stderr)
+    if done.returncode != 0:
+        raise RehearsalError(f"node {env['NODE_IP']} did not join: {done.stderr.strip()[-1500:]}")
+
+
+def rejoin_node(cluster: Cluster, env: dict[str, str]) -> None:
+    """A lost node back, as an operator brings it back: ``ray_start_npu.sh`` on it again (its ``ray start`` ended
+    with the raylet, so the recorded pid is gone and the start goes ahead). Not ``stop`` first: its clean-up of
+    leftovers matches the node's Ray temp dir, which the simulated nodes share with the head."""
+    join_node(cluster, env)
+
+
+def stop_node(cluster: Cluster, env: dict[str, str]) -> None:
+    """``ray_start_npu.sh stop`` on one node: it stops the pids that node's start recorded."""
+    subprocess.run(
+        [*cluster.prefix, "bash", str(SCRIPT), "stop"], env=env, capture_output=True, timeout=120, check=False
+    )
 
 
 def stop_cluster(cluster: Cluster) -> None:
@@ -202,9 +238,7 @@ def stop_cluster(cluster: Cluster) -> None:
             proc.kill()
             proc.wait(10)
     for env in reversed(cluster.envs):
-        subprocess.run(
-            [*cluster.prefix, "bash", str(SCRIPT), "stop"], env=env, capture_output=True, timeout=120, check=False
-        )
+        stop_node(cluster, env)
     if cluster.temp_dir:
         shutil.rmtree(cluster.temp_dir, ignore_errors=True)
     if cluster.netns:
@@ -299,15 +333,20 @@ def check_resume(
 
 
 def check_resumed(text: str, log: Path, plan: Plan, expected: int, why: str) -> list[int]:
-    """A relaunched run loaded ``global_step_<expected>`` and ran every remaining step once; returns its steps."""
+    """A relaunched run loaded ``global_step_<expected>`` (0: none, no checkpoint was saved) and ran every remaining
+    step once; returns its steps."""
     steps = sorted({int(s) for s in STEP_LINE.findall(text)})
     resumed = RESUME_LINE.findall(text)
-    if not resumed:
+    if expected == 0 and resumed:
+        raise RehearsalError(
+            f"the relaunched run resumed from global_step_{resumed[-1]}, but no checkpoint was saved before; log: {log}"
+        )
+    if expected and not resumed:
         raise RehearsalError(
             f"the relaunched run did not resume from a checkpoint (no 'Load from checkpoint folder: ...global_step_N' "
             f"line; it logged steps {steps}); log: {log}"
         )
-    resumed_from = int(resumed[-1])
+    resumed_from = int(resumed[-1]) if resumed else 0
     if resumed_from != expected:
         raise RehearsalError(
             f"the relaunched run resumed from global_step_{resumed_from}, expected global_step_{expected} "
@@ -537,9 +576,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--fault",
-        choices=FAULTS,
-        help="plant one checkpoint fault in a shorter run (4 steps) and check the run stops clearly and resumes from "
-        "the last complete checkpoint (docs/launch.md, Faults)",
+        choices=(*FAULTS, *PROCESS_FAULTS),
+        help="plant one checkpoint or process fault in a shorter run (2 or 3 steps) and check the run stops clearly "
+        "within its bound, leaves no process, and resumes from the last complete checkpoint (docs/launch.md, Faults)",
     )
     parser.add_argument(
         "--resume",

@@ -187,6 +187,19 @@ def _record_models() -> None:
     megatron_utils.make_megatron_module = make_megatron_module
 
 
+def _record_stages() -> None:
+    """Each worker-method stage the trainer calls (patch verl_worker_watchdog's listeners), so faults can be planted
+    in a named stage."""
+    from r1_ascend.patches import verl_worker_watchdog
+
+    if _record_stage not in verl_worker_watchdog.STAGE_LISTENERS:
+        verl_worker_watchdog.STAGE_LISTENERS.append(_record_stage)
+
+
+def _record_stage(stage: str, phase: str, step: int | None) -> None:
+    _record("stage", stage=stage, phase=phase, step=step)
+
+
 # --- install ------------------------------------------------------------------------------------------------------
 
 
@@ -206,6 +219,7 @@ def install() -> None:
     _record_lifecycle()
     _record_checkpoint_loads()
     _record_models()
+    _record_stages()
     _record("stand-ins installed")
 
 

@@ -1,23 +1,32 @@
-"""``r1-ascend rehearse --fault NAME`` and ``--resume``: each checkpoint fault planted in the real run (4 steps).
+"""``r1-ascend rehearse --fault NAME`` and ``--resume``: each checkpoint and process fault planted in the real run
+(2 or 3 steps), and a worker killed from outside a plain rehearsal at a random moment.
 
 Every test checks the fault's own verdicts (the rehearsal fails otherwise), the measured time to stop against its
-bound, and that nothing the run started is left. With ``R1_ASCEND_DISABLE=verl_checkpoint_integrity`` each of them
-fails (docs/launch.md, Faults).
+bound, and that nothing the run started is left. With ``R1_ASCEND_DISABLE=verl_checkpoint_integrity`` each
+checkpoint fault fails, and with ``R1_ASCEND_DISABLE=verl_worker_watchdog`` the hang does (docs/launch.md, Faults).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
+from r1_ascend.patches.rules.checkpoints import read_tracker
 from r1_ascend.rehearse.config import Plan, with_overrides
-from r1_ascend.rehearse.faults import RELAUNCH_BOUND_S, STOP_BOUND_S, FaultError, check_kept, plan_for
+from r1_ascend.rehearse.faults import RELAUNCH_BOUND_S, STOP_BOUND_S, FaultError, check_kept, plan_for, worker_pids
+from r1_ascend.rehearse.lifecycle import read_lifecycle
+from r1_ascend.rehearse.process_faults import with_descendants
 from r1_ascend.rehearse.run import RehearsalError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "patches"))
@@ -66,6 +75,8 @@ def test_resume_expects_the_step_the_override_names_else_the_tracked_one(tmp_pat
     from r1_ascend.rehearse.resume import expected_step
 
     root = tmp_path / "checkpoints"
+    assert expected_step(tmp_path, []) == 0  # stopped before its first checkpoint: the relaunch starts afresh
+    fakes.write_step(root, 3, track=False)
     with pytest.raises(RehearsalError, match="nothing to resume"):
         expected_step(tmp_path, [])
     fakes.write_step(root, 3)
@@ -150,3 +161,97 @@ def test_corrupt_latest_is_refused_and_resume_from_the_printed_checkpoint_finish
     assert resumed["resumed_from_step"] == 1
     assert resumed["steps_run"] == {"run 3 (resumed)": [2, 3]}
     _nothing_left(resumed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("name", "stage", "names"),
+    [
+        ("kill-actor-worker", "update_actor", "pid"),
+        ("kill-rollout", "generate_sequences", "pid"),
+        ("hang", "update_actor", "watchdog"),
+        ("node-loss", "update_actor", "127.0.0.3"),
+    ],
+)
+def test_a_lost_or_stuck_worker_stops_the_run_clearly_and_it_resumes(
+    tmp_path: Path, weights: Path, name: str, stage: str, names: str
+) -> None:
+    summary = _fault(tmp_path / "out", name, weights)
+    fault = summary["fault"]
+    assert fault["time_to_stop_s"] < STOP_BOUND_S
+    assert fault["error"].startswith("WorkerLostError: the run stopped in training step 2")
+    assert stage in fault["signalled"]
+    assert names in fault["error"]
+    assert "resumes from global_step_1" in fault["error"]
+    assert summary["resumed_from_step"] == 1
+    assert summary["steps_run"]["run 2 (resumed)"] == [2]
+
+
+@pytest.mark.slow
+def test_without_the_watchdog_a_hang_is_not_stopped(tmp_path: Path, weights: Path) -> None:
+    """The hang needs patch verl_worker_watchdog: without heartbeats nothing notices a stopped worker."""
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "r1_ascend.cli", "rehearse", "--fault", "hang", "--output-dir", str(out)]
+    env = {**os.environ, "R1_ASCEND_DISABLE": "verl_worker_watchdog"}
+    done = subprocess.run(
+        [*cmd, "--weights", str(weights)], capture_output=True, text=True, timeout=1200, check=False, env=env
+    )
+    assert done.returncode == 1, (done.stdout + done.stderr)[-3000:]
+    assert f"still runs {STOP_BOUND_S:g} s after the fault" in done.stderr
+    left = [p for p in worker_pids(out) if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert left == [], f"the rehearsal left processes of the hung run: {left}"
+
+
+@pytest.mark.slow
+def test_a_worker_killed_from_outside_stops_the_rehearsal_clearly_and_resume_finishes(
+    tmp_path: Path, weights: Path
+) -> None:
+    """SIGKILL a random rollout worker at a random moment of a plain rehearsal (the rehearsal does not choose it)."""
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "r1_ascend.cli", "rehearse", "--output-dir", str(out), "--weights", str(weights)]
+    rehearsal = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    chooser = random.Random()
+    delay = chooser.uniform(0.0, 12.0)  # within steps 1-3: before the rehearsal's own kill in step 5
+    try:
+        entered = _wait_until(lambda: _first_training_stage(out), 600, rehearsal)
+        time.sleep(delay)
+        workers = sorted({int(e["pid"]) for e in read_lifecycle(out / "lifecycle") if e["event"] == "release"})
+        victim = chooser.choice(workers)
+        tree = with_descendants(set(workers))
+        tracked = read_tracker(out / "checkpoints")
+        os.kill(victim, signal.SIGKILL)
+        killed_at = time.monotonic()
+        stdout, stderr = rehearsal.communicate(timeout=600)
+    finally:
+        if rehearsal.poll() is None:
+            rehearsal.kill()
+    assert rehearsal.returncode == 1, (stdout + stderr)[-3000:]
+    took = time.monotonic() - killed_at
+    assert "WorkerLostError: the run stopped" in stderr, stderr[-3000:]
+    assert f"pid {victim}" in stderr
+    assert f"rehearse --resume --output-dir {out}" in stderr
+    assert took < STOP_BOUND_S + 120, f"the rehearsal took {took:.0f} s to stop (stopping the nodes included)"
+    left = [pid for pid in tree if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert left == [], f"processes of the killed run left: {left}"
+    done = _rehearse("--resume", "--output-dir", str(out))
+    assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
+    resumed = json.loads((out / "summary-resume.json").read_text())
+    expected = tracked if isinstance(tracked, int) else 0
+    assert resumed["resumed_from_step"] == expected, (entered, delay, tracked)
+    _nothing_left(resumed)
+
+
+def _first_training_stage(out: Path) -> dict | None:
+    records = read_lifecycle(out / "lifecycle") if (out / "lifecycle").is_dir() else []
+    return next((e for e in records if e["event"] == "stage" and e.get("stage") == "generate_sequences"), None)
+
+
+def _wait_until(predicate, timeout: float, process: subprocess.Popen) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        assert process.poll() is None, f"the rehearsal exited with {process.returncode} before training"
+        time.sleep(0.2)
+    raise AssertionError(f"not reached within {timeout:g} s")

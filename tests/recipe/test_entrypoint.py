@@ -222,3 +222,16 @@ def test_ray_worker_applies_the_overlay_through_the_runtime_env() -> None:
     assert report["applied"] == [spec.name for spec in PATCHES]
     assert report["build_rollout_patch"] == "mindspeed_torch_compile"
     assert report["mindspeed_stand_in_active"]  # verl's worker module loaded (fake) MindSpeed, as on NPU
+
+
+def test_the_task_runner_runs_on_the_head_node() -> None:
+    """A worker node lost must not take the trainer (and its watchdog) with it: verl places the TaskRunner on any
+    node with a free CPU, the recipe pins it to Ray's head-node resource."""
+    from ray._private.resource_spec import HEAD_NODE_RESOURCE_NAME
+
+    from r1_ascend.recipe.main_grpo import HEAD_NODE_RESOURCE, task_runner_class
+
+    assert HEAD_NODE_RESOURCE == HEAD_NODE_RESOURCE_NAME
+    options = task_runner_class()._default_options
+    assert options["num_cpus"] == 1
+    assert 0 < options["resources"][HEAD_NODE_RESOURCE] < 1

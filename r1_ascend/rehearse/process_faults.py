@@ -1,0 +1,163 @@
+"""Process faults planted in the rehearsal's real run: ``r1-ascend rehearse --fault NAME``.
+
+Each runs the fault plan (2 steps, a checkpoint every step, one kept, as the 671B config keeps one) and hits step 2
+once its workers enter a named stage (the stage records patch ``verl_worker_watchdog`` reports), never at a guessed
+time:
+
+- ``kill-actor-worker``: SIGKILL one worker in ``update_actor`` (its peers wait in the update's collectives);
+- ``kill-rollout``: SIGKILL one worker in ``generate_sequences`` (the rollout engine runs in the worker process);
+- ``hang``: SIGSTOP one worker in ``update_actor``: it never dies, so only the watchdog's silence limit stops the run;
+- ``node-loss``: SIGKILL the raylet of the last simulated node while a worker is in ``update_actor``: Ray's node
+  on it ends, with every process it ran.
+
+The run must stop within :data:`r1_ascend.rehearse.faults.STOP_BOUND_S` with ``WorkerLostError`` naming the stage,
+the worker (or node) and ``global_step_1``; then no process of the run (driver, workers, the lost node's Ray) may be
+left. The relaunch (after the lost node rejoined) must resume from ``global_step_1`` and pass the plain rehearsal's
+verdicts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from r1_ascend.rehearse.config import Plan
+from r1_ascend.rehearse.faults import (
+    STOP_BOUND_S,
+    FaultError,
+    FaultOutcome,
+    _error_line,
+    _require_complete,
+    _wait,
+    _wait_tracked,
+    time_to_stop,
+    worker_pids,
+)
+from r1_ascend.rehearse.lifecycle import read_lifecycle
+
+
+@dataclass(frozen=True)
+class ProcessFault:
+    """Which stage of step 2 it hits, the signal it sends, and whether it takes a whole node."""
+
+    stage: str
+    signal: signal.Signals
+    node: bool = False
+
+
+PROCESS_FAULTS: dict[str, ProcessFault] = {
+    "kill-actor-worker": ProcessFault("update_actor", signal.SIGKILL),
+    "kill-rollout": ProcessFault("generate_sequences", signal.SIGKILL),
+    "hang": ProcessFault("update_actor", signal.SIGSTOP),
+    "node-loss": ProcessFault("update_actor", signal.SIGKILL, node=True),
+}
+#: The step the faults hit; global_step_<STEP - 1> is the checkpoint the relaunch resumes from.
+STEP = 2
+
+
+def stage_entered(out: Path, stage: str, step: int, after: float) -> dict[str, object] | None:
+    """The first record of a worker entering ``stage`` in ``step`` (recorded after ``after``), or None."""
+    for event in read_lifecycle(out / "lifecycle"):
+        if (
+            event["event"] == "stage"
+            and event.get("stage") == stage
+            and event.get("phase") == "enter"
+            and event.get("step") == step
+            and event["t"] > after
+        ):
+            return event
+    return None
+
+
+def ray_processes(pid_file: Path) -> set[int]:
+    """The ``ray start --block`` process a node's pid file names and every process under it."""
+    root = psutil.Process(int(pid_file.read_text().strip()))
+    return {root.pid, *(child.pid for child in root.children(recursive=True))}
+
+
+def with_descendants(pids: set[int]) -> set[int]:
+    """``pids`` and every live process under them (processes a worker forked outlive it unless stopped too)."""
+    found = set(pids)
+    for pid in pids:
+        try:
+            found.update(child.pid for child in psutil.Process(pid).children(recursive=True))
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+def _names(pids: set[int]) -> str:
+    names: dict[str, int] = {}
+    for pid in pids:
+        try:
+            name = psutil.Process(pid).name()
+        except psutil.NoSuchProcess:
+            continue
+        names[name] = names.get(name, 0) + 1
+    return ", ".join(f"{count} x {name}" for name, count in sorted(names.items()))
+
+
+def raylet_of(pids: set[int]) -> int:
+    for pid in pids:
+        try:
+            if psutil.Process(pid).name() == "raylet":
+                return pid
+        except psutil.NoSuchProcess:
+            continue
+    raise FaultError(f"no raylet among the node's Ray processes {sorted(pids)}")
+
+
+def plant(
+    name: str, driver: subprocess.Popen, out: Path, plan: Plan, log: Path, node_pid_file: Path, node_ip: str
+) -> FaultOutcome:
+    """Wait for step ``STEP``'s stage, plant the fault, and measure until nothing of the run is left."""
+    fault = PROCESS_FAULTS[name]
+    _wait_tracked(out, STEP - 1, driver, log)
+    tracked_at = time.time()
+    entered = _wait(
+        lambda: stage_entered(out, fault.stage, STEP, tracked_at) or driver.poll() is not None,
+        f"a worker entering {fault.stage} in step {STEP}",
+        600,
+        0.05,
+    )
+    if not isinstance(entered, dict):
+        raise FaultError(f"run 1 exited with {driver.returncode} before step {STEP}'s {fault.stage}; log: {log}")
+    node_processes = ray_processes(node_pid_file) if fault.node else set()
+    victim = raylet_of(node_processes) if fault.node else int(str(entered["pid"]))
+    workers = with_descendants(worker_pids(out))
+    tree = _names(workers)
+    psutil.Process(victim).send_signal(fault.signal)
+    since = time.monotonic()
+    what = f"the raylet of node {node_ip} (pid {victim})" if fault.node else f"worker pid {victim}"
+    try:
+        stop_s = time_to_stop(driver, lambda: workers | node_processes, since, log, STOP_BOUND_S)
+    finally:
+        if fault.signal == signal.SIGSTOP and psutil.pid_exists(victim):
+            # a run that did not stop leaves the stopped process (and what it forked) behind: only SIGKILL reaches it
+            stopped = psutil.Process(victim)
+            for process in [*stopped.children(recursive=True), stopped]:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    process.kill()
+    error = _error_line(log, "WorkerLostError: ")
+    expected = [f"global_step_{STEP - 1}"]
+    expected += [node_ip] if fault.node else [f"pid {victim}", fault.stage]
+    expected += ["watchdog"] if fault.signal == signal.SIGSTOP else []
+    if driver.returncode == 0 or not all(part in error for part in expected):
+        raise FaultError(
+            f"{name}: after {fault.signal.name} to {what} in {fault.stage} the run did not stop with a "
+            f"WorkerLostError naming {', '.join(expected)} (exit code {driver.returncode}; error line: "
+            f"{error[:600]!r}); log: {log}"
+        )
+    _require_complete(out, STEP - 1, f"after {name}")
+    seen = {
+        "signalled": f"{fault.signal.name} to {what} in {fault.stage}",
+        "processes_at_fault": tree,
+        "error": error[:900],
+    }
+    return FaultOutcome(name, STEP, STEP - 1, workers, stop_s, seen)
