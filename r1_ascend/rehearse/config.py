@@ -73,6 +73,8 @@ class Plan:
     guard_levels: str = "cpu"
     #: ``NAME@SYNC``: the CPU rollout engine plants that fault (r1_ascend.rehearse.rollout_faults); None: none
     rollout_fault: str | None = None
+    #: Hydra overrides on top of the rehearsal's own (``rehearse --fault NAME key=value ...``), e.g. a feature off
+    overrides: tuple[str, ...] = ()
 
     @property
     def world(self) -> int:
@@ -181,7 +183,7 @@ def driver_command(
     """The recipe's real entry point, as scripts/run_grpo_smoke_npu.sh runs it; ``extra`` overrides replace the
     rehearsal's own for the same key (Hydra refuses a key given twice)."""
     command = [python, "-m", "r1_ascend.recipe.main_grpo", "--config-name", CONFIG_NAME]
-    return with_overrides([*command, *overrides(plan, inputs, out, repo_root)], extra)
+    return with_overrides([*command, *overrides(plan, inputs, out, repo_root)], [*plan.overrides, *extra])
 
 
 def with_overrides(command: Sequence[str], extra: Sequence[str]) -> list[str]:

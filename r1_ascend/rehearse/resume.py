@@ -69,7 +69,8 @@ def expected_step(out: Path, extra: list[str]) -> int:
 def resume_rehearsal(out: Path, extra: list[str], sampler: RssSampler) -> dict[str, object]:
     if not (out / PLAN_FILE).is_file() or not (out / "launch.sh").is_file():
         raise RehearsalError(f"{out} holds no rehearsal to resume ({PLAN_FILE} and launch.sh are missing)")
-    plan = Plan(**json.loads((out / PLAN_FILE).read_text()))
+    stored = json.loads((out / PLAN_FILE).read_text())
+    plan = Plan(**{**stored, "overrides": tuple(stored.get("overrides", ()))})
     expected = expected_step(out, extra)
     launch = write_launch(out / "launch-resume.sh", with_overrides(_launch_command(out / "launch.sh"), extra))
     index = 1 + max(

@@ -592,14 +592,19 @@ def main(argv: list[str] | None = None) -> int:
         help="plant a rollout fault in the engine's second weight sync of a 2-step run; the rollout guard must stop "
         "the run in that step (docs/rollout_guard.md)",
     )
-    parser.add_argument("overrides", nargs="*", help="with --resume: Hydra overrides for the relaunch (key=value)")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        help="with --resume: Hydra overrides for the relaunch; with --fault: for both launches (key=value, e.g. "
+        "r1_ascend.watchdog.enabled=false)",
+    )
     args = parser.parse_args(argv)
     if args.nodes < 2 or args.npus_per_node < 1:
         parser.error("--nodes must be >= 2 and --npus-per-node >= 1")
     if args.lr < 0:
         parser.error("--lr must be >= 0")
-    if args.overrides and not args.resume:
-        parser.error("overrides (key=value) are only taken with --resume")
+    if args.overrides and not (args.resume or args.fault):
+        parser.error("overrides (key=value) are only taken with --resume or --fault")
     if args.resume and (args.fault or args.rollout_fault):
         parser.error("--resume continues a rehearsal; it plants no fault")
     if args.fault and args.rollout_fault:
@@ -612,6 +617,7 @@ def main(argv: list[str] | None = None) -> int:
         min_reward_rise=rise,
         seed=args.seed,
         guard_levels=args.guard_levels,
+        overrides=tuple(args.overrides) if args.fault else (),
     )
     out = args.output_dir.resolve()
     weights = args.weights.resolve() if args.weights else None
