@@ -107,6 +107,8 @@ class _Heart:
         """Send the current record (fire and forget); look the monitor up again while there is none."""
         import ray
 
+        if not ray.is_initialized():  # not a Ray worker (a test, a script): never start a local Ray by asking for one
+            return
         try:
             if self.identity is None:
                 self.identity = _identity()

@@ -150,9 +150,12 @@ def kill_workers(beats: list[Beat]) -> None:
 
 @contextlib.contextmanager
 def watching(config: Any) -> Iterator[Watchdog | None]:
-    """Run the block under the watchdog (None when ``r1_ascend.watchdog.enabled`` is false)."""
+    """Run the block under the watchdog (None when ``r1_ascend.watchdog.enabled`` is false, or outside Ray: Ray's
+    API would start a local Ray on first use, and there are no workers to watch)."""
+    import ray
+
     settings = WatchdogConfig.from_config(config)
-    if not settings.enabled:
+    if not settings.enabled or not ray.is_initialized():
         yield None
         return
     dog = Watchdog(settings)

@@ -169,6 +169,7 @@ def test_a_stage_is_reported_while_the_method_runs(monkeypatch: pytest.MonkeyPat
                 sent.append(args)
 
     monkeypatch.setattr(ray, "get_actor", lambda name: Monitor)
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
     monkeypatch.setattr(patch, "_identity", lambda: {"rank": 3, "pid": 1, "node": "n", "actor": "a"})
     monkeypatch.setattr(patch, "_HEART", patch._Heart())
     monkeypatch.setattr(patch._Heart, "_run", lambda self: None)  # no background beats in the test
@@ -198,6 +199,7 @@ def test_without_a_monitor_the_worker_runs_on(monkeypatch: pytest.MonkeyPatch) -
         raise ValueError(f"Failed to look up actor with name {name!r}")
 
     monkeypatch.setattr(ray, "get_actor", no_monitor)
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
     monkeypatch.setattr(patch, "_identity", lambda: {"rank": 0, "pid": 1, "node": "n", "actor": ""})
     monkeypatch.setattr(patch, "_HEART", patch._Heart())
     monkeypatch.setattr(patch._Heart, "_run", lambda self: None)
@@ -205,3 +207,17 @@ def test_without_a_monitor_the_worker_runs_on(monkeypatch: pytest.MonkeyPatch) -
     assert wrapper(object(), object()) == "updated"
     assert patch._HEART.stage is None
     assert patch._HEART.monitor is None
+
+
+def test_outside_ray_a_stage_starts_no_ray(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wrapped method called outside a Ray worker (a test, a script) must not start a local Ray: Ray's API calls
+    start one on first use."""
+    import ray
+
+    from r1_ascend.patches import verl_worker_watchdog as patch
+
+    assert not ray.is_initialized()
+    monkeypatch.setattr(patch, "_HEART", patch._Heart())
+    monkeypatch.setattr(patch._Heart, "_run", lambda self: None)
+    assert patch._build_stage("update_actor", lambda self, data: "updated")(object(), object()) == "updated"
+    assert not ray.is_initialized()
