@@ -91,15 +91,19 @@ def check_resume_before_workers(config: Any) -> None:
 
 def raise_if_worker_lost(exc: Exception, dog: watchdog.Watchdog | None, config: Any) -> None:
     """Turn the trainer's failure into WorkerLostError when a worker was lost or stuck (else return)."""
-    from r1_ascend.patches import verl_checkpoint_integrity as integrity
-
     found = watchdog.lost_workers(exc, dog)
     if found is None:
         return
     stall, lost = found
     beats = dog.beats if dog is not None else []
-    root = integrity.checkpoint_root(config.trainer)
-    raise WorkerLostError(watchdog.describe_loss(stall, lost, root, beats)) from exc
+    raise WorkerLostError(watchdog.describe_loss(stall, lost, checkpoint_root(config), beats)) from exc
+
+
+def checkpoint_root(config: Any) -> Path:
+    """Where the run's checkpoints are, as patch verl_checkpoint_integrity (and verl) resolve it."""
+    from r1_ascend.patches import verl_checkpoint_integrity as integrity
+
+    return integrity.checkpoint_root(config.trainer)
 
 
 def run(config: Any) -> None:
@@ -111,20 +115,26 @@ def run(config: Any) -> None:
         check_driver_can_join()  # run_ppo's bare ray.init() would otherwise start a local cluster
     try:
         run_ppo(config, task_runner_class=task_runner_class())
-    except WorkerLostError as exc:  # Ray's copy carries the TaskRunner's traceback; the message is what matters
-        cause = getattr(exc, "cause", None) or exc
-        print(f"r1-ascend: {type(cause).__name__}: {cause}", file=sys.stderr, flush=True)
-        raise SystemExit(1) from None
     except Exception as exc:
-        if not watchdog.ray_losses(exc):
+        message = lost_run_message(exc, config)
+        if message is None:
             raise
-        from r1_ascend.patches import verl_checkpoint_integrity as integrity
-
-        lost = [watchdog.Lost(None, watchdog.ray_reason(watchdog.ray_losses(exc)[0]))]
-        root = integrity.checkpoint_root(config.trainer)
-        text = watchdog.describe_loss(None, lost, root, [], who="the trainer's process (verl's TaskRunner)")
-        print(f"r1-ascend: WorkerLostError: {text}", file=sys.stderr, flush=True)
+        print(f"r1-ascend: WorkerLostError: {message}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
+
+
+def lost_run_message(exc: Exception, config: Any) -> str | None:
+    """The one line the driver prints when the run stopped for a lost worker (the TaskRunner's WorkerLostError,
+    whose Ray copy carries its traceback), or for the lost TaskRunner itself; None for any other error."""
+    if isinstance(exc, WorkerLostError):
+        return str(getattr(exc, "cause", None) or exc)
+    losses = watchdog.ray_losses(exc)
+    if not losses:
+        return None
+    lost = [watchdog.Lost(None, watchdog.ray_reason(losses[0]))]
+    return watchdog.describe_loss(
+        None, lost, checkpoint_root(config), [], who="the trainer's process (verl's TaskRunner)"
+    )
 
 
 def task_runner_class() -> Any:

@@ -124,7 +124,7 @@ class Watchdog:
 
     def reason(self) -> str:
         """What made the watchdog stop the run (empty while it has not)."""
-        lost = "; ".join(f"{f.beat.where() if f.beat else 'a worker'}: {f.reason}" for f in self.lost)
+        lost = "; ".join(found.describe() for found in self.lost)
         if self.stall is None:
             return f"a worker died: {lost}" if lost else ""
         return f"{self.stall.describe()}{'; ' + lost if lost else ''}"
@@ -179,6 +179,9 @@ class Lost:
     beat: Beat | None
     reason: str
     dead: bool = True
+
+    def describe(self) -> str:
+        return f"{self.beat.where() if self.beat else 'a worker'}: {self.reason}"
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
@@ -277,7 +280,7 @@ def describe_loss(
     where = ", ".join(
         part for part in (f"training step {max(steps)}" if steps else "", f"stage {stage}" if stage else "") if part
     )
-    found = "; ".join(f"{f.beat.where() if f.beat else 'a worker'}: {f.reason}" for f in lost)
+    found = "; ".join(each.describe() for each in lost)
     if stall is not None:
         what = f"the watchdog stopped the run: {stall.describe()}{'; probed: ' + found if found else ''}"
     else:
