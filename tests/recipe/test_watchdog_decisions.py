@@ -1,0 +1,223 @@
+"""The driver's watchdog decisions without Ray (r1_ascend.recipe.watchdog): when one look at the heartbeats stops the
+run, what a probe's answers change, how Ray's loss errors are read, and what the WorkerLostError message says.
+
+``stop_decision`` is handed the probe (the one call that needs Ray), so the rule is exercised on every shape of
+answer: a worker that is merely slow to beat must never stop a healthy run, one the probe finds dead must.
+``test_watchdog.py`` runs the same watchdog on a real local Ray with SIGSTOPped and SIGKILLed workers (slow).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from r1_ascend.patches.rules.watchdog import BEAT_S, Beat, Stall, WatchdogConfig
+from r1_ascend.recipe import watchdog
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "patches"))
+import checkpoint_fakes as fakes
+
+CONFIG = WatchdogConfig(silence_s=60.0, stage_s=600.0, poll_s=5.0)
+SUSPECT_S = watchdog.SUSPECT_BEATS * BEAT_S
+
+
+def beat(rank: int, silent_s: float, stage: str | None = "update_actor", stage_s: float = 30.0) -> Beat:
+    return Beat(rank, 4000 + rank, f"10.0.0.{rank + 1}", f"wg_WorkerDict_0:{rank}", stage, stage_s, silent_s, 7)
+
+
+class Probe:
+    """Stands in for ``probe``: answers from a table (rank -> dead or alive-but-silent) and records who was asked."""
+
+    def __init__(self, dead: dict[int, bool]) -> None:
+        self.dead = dead
+        self.asked: list[list[int]] = []
+
+    def __call__(self, beats: list[Beat]) -> list[watchdog.Lost]:
+        self.asked.append([b.rank for b in beats])
+        return [
+            watchdog.Lost(b, "died" if self.dead[b.rank] else "alive, no answer", dead=self.dead[b.rank])
+            for b in beats
+            if b.rank in self.dead
+        ]
+
+
+# --- one look ------------------------------------------------------------------------------------------------
+
+
+def test_every_worker_beating_goes_on_without_a_probe() -> None:
+    ask = Probe({})
+    assert watchdog.stop_decision([beat(0, 1.0), beat(1, SUSPECT_S)], CONFIG, ask) == (None, [])
+    assert ask.asked == []  # silent for exactly SUSPECT_BEATS beats: not yet a suspect
+
+
+def test_an_alive_but_silent_suspect_does_not_stop_the_run() -> None:
+    """Silent for more than two beats but less than the silence limit: probed; alive (busy host, long call), so the
+    run goes on and the silence limit decides later."""
+    ask = Probe({1: False})
+    assert watchdog.stop_decision([beat(0, 1.0), beat(1, SUSPECT_S + 0.1)], CONFIG, ask) == (None, [])
+    assert ask.asked == [[1]]
+
+
+def test_a_dead_suspect_stops_the_run_before_the_silence_limit() -> None:
+    ask = Probe({1: True, 2: False})
+    beats = [beat(0, 1.0), beat(1, SUSPECT_S + 0.1), beat(2, SUSPECT_S + 0.1)]
+    stall, lost = watchdog.stop_decision(beats, CONFIG, ask)
+    assert stall is None
+    assert [(found.beat.rank, found.dead) for found in lost] == [(1, True)]
+    assert ask.asked == [[1, 2]]
+
+
+def test_a_silent_worker_stops_the_run_and_is_probed_alive_or_dead() -> None:
+    """Past the silence limit the run stops whatever the probe says; the probe only tells dead from stuck."""
+    for dead in (True, False):
+        ask = Probe({1: dead})
+        stall, lost = watchdog.stop_decision([beat(0, 1.0), beat(1, CONFIG.silence_s + 1)], CONFIG, ask)
+        assert stall is not None
+        assert (stall.kind, [b.rank for b in stall.culprits]) == ("silent", [1])
+        assert [(found.beat.rank, found.dead) for found in lost] == [(1, dead)]
+        assert ask.asked == [[1]]
+
+
+def test_an_overdue_stage_stops_the_run_without_a_probe() -> None:
+    ask = Probe({0: True, 1: True})
+    beats = [beat(0, 1.0, stage_s=CONFIG.stage_s + 1), beat(1, 1.0, stage_s=CONFIG.stage_s + 1)]
+    stall, lost = watchdog.stop_decision(beats, CONFIG, ask)
+    assert stall is not None
+    assert stall.kind == "overdue"
+    assert lost == []
+    assert ask.asked == []
+
+
+def test_no_heartbeat_yet_goes_on() -> None:
+    assert watchdog.stop_decision([], CONFIG, Probe({})) == (None, [])
+
+
+# --- after the trainer failed --------------------------------------------------------------------------------
+
+
+RAY_DIED = (
+    "The actor died unexpectedly before finishing this task.\n\tclass_name: WorkerDict\n\tactor_id: 1a2b\n"
+    "\tpid: 4001\n\tname: wg_WorkerDict_0:1\n\tnamespace: ns\n\tip: 10.0.0.2\nThe actor is dead because its "
+    "worker process has died. Worker exit type: SYSTEM_ERROR Worker exit detail: The leased worker has "
+    "unrecoverable failure. Worker is requested to be destroyed when it is returned. More text."
+)
+
+
+class ActorDiedError(RuntimeError):
+    """Named as Ray's: the watchdog recognises Ray's loss errors by class name along the cause chain."""
+
+
+class NodeDiedError(RuntimeError):
+    """Named as Ray's."""
+
+
+def test_rays_reason_is_its_exit_detail_with_pid_and_node() -> None:
+    reason = watchdog.ray_reason(ActorDiedError(RAY_DIED))
+    assert reason == ("Worker exit detail: The leased worker has unrecoverable failure. (pid 4001, ip 10.0.0.2)")
+
+
+def test_a_node_death_is_said_as_such() -> None:
+    text = "The actor died because its node has died. Node Id: abc\n\tpid: 17\n"
+    assert watchdog.ray_reason(NodeDiedError(text)) == "The actor died because its node has died. Node Id: abc (pid 17)"
+
+
+def test_without_an_exit_detail_the_last_line_or_the_class_is_the_reason() -> None:
+    assert watchdog.ray_reason(ActorDiedError("first line\nsecond line")) == "second line"
+    assert watchdog.ray_reason(ActorDiedError("")) == "ActorDiedError"
+
+
+def test_only_rays_loss_errors_count_along_the_chain() -> None:
+    outer = ValueError("wrapped")
+    outer.__cause__ = NodeDiedError("node gone")
+    assert [type(e).__name__ for e in watchdog.ray_losses(outer)] == ["NodeDiedError"]
+    assert watchdog.ray_losses(ValueError("plain")) == []
+
+
+def test_the_watchdogs_own_finding_is_the_answer() -> None:
+    """When the watchdog stopped the run, its stall and probe results stand; Ray's account fills in the reason of
+    a dead worker whose pid it names."""
+    dog = watchdog.Watchdog(CONFIG)
+    silent = beat(1, 90.0)
+    dog.stall = Stall("silent", (silent,), (beat(0, 1.0),), CONFIG.silence_s)
+    dog.lost = [watchdog.Lost(silent, "probe: dead")]
+    found = watchdog.lost_workers(ActorDiedError(RAY_DIED), dog)
+    assert found is not None
+    stall, lost = found
+    assert stall is dog.stall
+    assert lost[0].reason.startswith("Worker exit detail: The leased worker")
+
+
+def test_an_alive_worker_keeps_the_probes_words() -> None:
+    dog = watchdog.Watchdog(CONFIG)
+    stuck = beat(1, 90.0)
+    dog.stall = Stall("silent", (stuck,), (), CONFIG.silence_s)
+    dog.lost = [watchdog.Lost(stuck, "alive, no answer", dead=False)]
+    found = watchdog.lost_workers(ActorDiedError(RAY_DIED), dog)
+    assert found is not None
+    assert found[1] == dog.lost
+
+
+def test_a_loss_the_watchdog_did_not_see_is_named_from_rays_error() -> None:
+    dog = watchdog.Watchdog(CONFIG)
+    dog.beats = []  # nothing beat (no monitor either): Ray's error is all there is
+    found = watchdog.lost_workers(ActorDiedError(RAY_DIED), dog)
+    assert found is not None
+    stall, lost = found
+    assert stall is None
+    assert lost[0].beat is None
+    assert "(pid 4001, ip 10.0.0.2)" in lost[0].reason
+
+
+# --- the message ---------------------------------------------------------------------------------------------
+
+
+def test_the_message_names_the_latest_step_and_the_stage(tmp_path: Path) -> None:
+    lost = [watchdog.Lost(beat(1, 90.0), "died")]
+    others = [Beat(0, 4000, "10.0.0.1", "a", None, 0.0, 1.0, 9)]
+    text = watchdog.describe_loss(None, lost, tmp_path, others)
+    assert text.startswith("the run stopped in training step 9, stage update_actor: a training worker was lost")
+
+
+def test_a_loss_without_step_or_stage_says_neither(tmp_path: Path) -> None:
+    lost = [watchdog.Lost(None, "gone")]
+    text = watchdog.describe_loss(None, lost, tmp_path, [], who="the TaskRunner")
+    assert text.startswith("the run stopped: the TaskRunner was lost: a worker: gone.")
+
+
+def test_what_to_check_depends_on_whether_a_worker_died(tmp_path: Path) -> None:
+    dead = watchdog.describe_loss(None, [watchdog.Lost(beat(1, 9.0), "died")], tmp_path, [])
+    stuck = watchdog.describe_loss(None, [watchdog.Lost(beat(1, 9.0), "no answer", dead=False)], tmp_path, [])
+    assert "OOM killer" in dead
+    assert "OOM killer" not in stuck
+    assert "stuck in the device driver" in stuck
+
+
+@pytest.mark.parametrize("saved", [0, 1, 2])
+def test_the_message_says_where_a_relaunch_resumes(tmp_path: Path, saved: int) -> None:
+    for step in range(1, saved + 1):
+        fakes.write_step(tmp_path, step)
+    text = watchdog.describe_loss(None, [watchdog.Lost(beat(1, 9.0), "died")], tmp_path, [])
+    if saved:
+        assert f"it resumes from global_step_{saved} under {tmp_path}" in text
+    else:
+        assert "no checkpoint was saved yet" in text
+
+
+def test_a_stall_message_adds_what_the_probe_found(tmp_path: Path) -> None:
+    silent = beat(1, 90.0)
+    stall = Stall("silent", (silent,), (), CONFIG.silence_s)
+    probed = watchdog.describe_loss(stall, [watchdog.Lost(silent, "died")], tmp_path, [])
+    assert "the watchdog stopped the run: " in probed
+    assert "; probed: rank 1 (pid 4001 on node 10.0.0.2): died" in probed
+    assert "probed:" not in watchdog.describe_loss(stall, [], tmp_path, [])
+
+
+def test_the_reason_joins_the_stall_and_the_dead() -> None:
+    dog = watchdog.Watchdog(CONFIG)
+    assert dog.reason() == ""
+    dog.lost = [watchdog.Lost(beat(1, 9.0), "died")]
+    assert dog.reason() == "a worker died: rank 1 (pid 4001 on node 10.0.0.2): died"
+    dog.stall = Stall("silent", (beat(1, 90.0),), (), CONFIG.silence_s)
+    assert dog.reason().endswith("; rank 1 (pid 4001 on node 10.0.0.2): died")
