@@ -77,6 +77,16 @@ def test_the_config_is_read_from_the_recipe_key() -> None:
         WatchdogConfig.from_config(OmegaConf.create({"r1_ascend": {"watchdog": [1]}}))
 
 
+def test_interpolations_in_the_settings_are_resolved() -> None:
+    """Hydra configs refer to other keys (``${...}``); the watchdog reads the values they name."""
+    from omegaconf import OmegaConf
+
+    config = OmegaConf.create(
+        {"limits": {"silence": 45}, "r1_ascend": {"watchdog": {"silence_s": "${limits.silence}"}}}
+    )
+    assert WatchdogConfig.from_config(config).silence_s == 45.0
+
+
 # --- when a worker is lost or stuck --------------------------------------------------------------------------
 
 
