@@ -33,7 +33,7 @@ launch/pitfalls|r1_ascend/launch/pitfalls.py|tests/launch/test_pitfalls.py tests
 rehearse/run|r1_ascend/rehearse/run.py|tests/launch/test_rehearse_verdicts.py tests/launch/test_rehearse_verdict_boundaries.py tests/launch/test_rehearse_faults.py|check_|judge
 rehearse/lifecycle|r1_ascend/rehearse/lifecycle.py|tests/launch/test_rehearse_verdicts.py tests/launch/test_rehearse_verdict_boundaries.py tests/launch/test_rehearse_faults.py|
 rehearse/training|r1_ascend/rehearse/training.py|tests/launch/test_rehearse_training.py tests/launch/test_rehearse_training_boundaries.py|
-rehearse/faults|r1_ascend/rehearse/faults.py|tests/launch/test_rehearse_faults.py tests/launch/test_fault_verdicts.py|plan_for|check_kept|check_refusal|require_complete|error_line|time_to_stop
+rehearse/faults|r1_ascend/rehearse/faults.py|tests/launch/test_rehearse_faults.py tests/launch/test_fault_verdicts.py|plan_for|check_kept|check_refusal|require_complete|error_line|time_to_stop|alive
 rehearse/process_faults|r1_ascend/rehearse/process_faults.py|tests/launch/test_rehearse_faults.py tests/launch/test_fault_verdicts.py|stage_entered|with_descendants|raylet_of
 recipe/watchdog|recipe/watchdog.py|tests/recipe/test_watchdog.py tests/recipe/test_watchdog_decisions.py|
 weights/ckpt_root|r1_ascend/weights/ckpt_root.py|tests/weights/test_ckpt_root.py tests/weights/test_ckpt_root_boundaries.py|
@@ -63,6 +63,16 @@ stage() {
     cp -r patches recipe data tests docs scripts requirements benchmarks conftest.py pyproject.toml README.md \
         Dockerfile "${dir}/"
     find "${dir}" -name __pycache__ -prune -exec rm -rf {} +
+    # mutmut runs pytest many times in one process: Hypothesis then sees a test class's method called from several
+    # instances (differing_executors, harmless here), and a loaded machine must not turn a deadline into a kill
+    cat >>"${dir}/conftest.py" <<'PROFILE'
+
+
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+settings.register_profile("mutation", deadline=None, suppress_health_check=[HealthCheck.differing_executors])
+settings.load_profile("mutation")
+PROFILE
     case "${source}" in
         patches/* | recipe/* | data/*) staged="r1_ascend/${source}" ;;
         *) staged="${source}" ;;
