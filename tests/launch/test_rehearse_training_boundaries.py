@@ -5,6 +5,7 @@ margin, a window longer than the run, a guard statistic exactly at its warn leve
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -117,11 +118,26 @@ def test_every_loud_step_is_named() -> None:
     assert "step 2" not in message
 
 
-@pytest.mark.parametrize(("count", "shown"), [(8, 8), (9, 8)])
-def test_non_finite_metrics_are_listed_up_to_eight(count: int, shown: int) -> None:
+@pytest.mark.parametrize("count", [8, 9])
+def test_non_finite_metrics_are_listed_up_to_eight(count: int) -> None:
     steps = {step: {"actor/entropy": math.nan} for step in range(1, count + 1)}
     with pytest.raises(TrainingError) as info:
-        training.check_finite(steps, [])
-    message = str(info.value)
-    assert message.count("actor/entropy at step") == shown
-    assert ("(+1 more)" in message) is (count > shown)
+        training.check_finite(steps, [Path("run1.log"), Path("run2.log")])
+    shown = ", ".join(f"actor/entropy at step {step}" for step in range(1, 9))
+    more = " (+1 more)" if count > 8 else ""
+    assert str(info.value) == f"non-finite metrics: {shown}{more}; logs: run1.log, run2.log"
+
+
+def test_a_flat_curve_is_shown_step_by_step() -> None:
+    curve = training.Curve({1: 0.25, 2: 0.25, 3: 0.25}, 1)
+    with pytest.raises(TrainingError, match=r"curve: 1: 0\.25, 2: 0\.25, 3: 0\.25$"):
+        training.check_learning(curve, 0.5)
+
+
+def test_every_statistic_above_its_level_is_listed_per_step() -> None:
+    seq_max = guard.METRIC_NAMES["seq_abs_diff_max"]
+    two = guarded(0.5, 0.02) | {seq_max: 0.75, guard.WARN_PREFIX + seq_max.removeprefix(guard.PREFIX): 0.25}
+    with pytest.raises(TrainingError) as info:
+        training.check_guard_quiet({1: two, 2: guarded(0.5, 0.02)})
+    mean = f"{guard.METRIC_MEAN} = 0.5 (warn level 0.02)"
+    assert str(info.value).endswith(f"step 1: {mean}, {seq_max} = 0.75 (warn level 0.25); step 2: {mean}")

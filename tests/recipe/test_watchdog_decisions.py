@@ -9,7 +9,10 @@ answer: a worker that is merely slow to beat must never stop a healthy run, one 
 from __future__ import annotations
 
 import sys
+import types
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -221,3 +224,204 @@ def test_the_reason_joins_the_stall_and_the_dead() -> None:
     assert dog.reason() == "a worker died: rank 1 (pid 4001 on node 10.0.0.2): died"
     dog.stall = Stall("silent", (beat(1, 90.0),), (), CONFIG.silence_s)
     assert dog.reason().endswith("; rank 1 (pid 4001 on node 10.0.0.2): died")
+
+
+# --- the plumbing, against a stand-in for Ray's API ----------------------------------------------------------
+
+
+class GetTimeoutError(Exception):
+    """Named as Ray's: ``probe`` recognises a timeout by the class name."""
+
+
+class Remote:
+    """A method with ``.remote()``: the call happens at once; its result (or error) is the 'object ref'."""
+
+    def __init__(self, call: Any) -> None:
+        self.call = call
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return self.call(*args, **kwargs)
+        except Exception as exc:  # the error travels in the ref, as Ray's does
+            return exc
+
+
+class Handle:
+    """An actor handle; ``ready`` is what its ``__ray_ready__`` gives (True, or an error)."""
+
+    def __init__(self, name: str, ready: Any = True, instance: Any = None) -> None:
+        self.name = name
+        self.instance = instance
+        self.__ray_ready__ = Remote(lambda: ready)
+
+    def __getattr__(self, method: str) -> Remote:
+        return Remote(getattr(self.instance, method))
+
+
+class StandInRay(types.ModuleType):
+    """The part of Ray's API the watchdog uses: named actors, get with a timeout, kill."""
+
+    def __init__(self, actors: dict[str, Any] | None = None) -> None:
+        super().__init__("ray")
+        self.actors = dict(actors or {})
+        self.killed: list[str] = []
+        self.timeouts: list[float | None] = []
+        self.initialized = True
+
+    def get_actor(self, name: str) -> Any:
+        if name not in self.actors:
+            raise ValueError(f"Failed to look up actor with name '{name}'")
+        return self.actors[name]
+
+    def get(self, ref: Any, timeout: float | None = None) -> Any:
+        self.timeouts.append(timeout)
+        if isinstance(ref, BaseException):
+            raise ref
+        return ref
+
+    def kill(self, handle: Any, no_restart: bool = True) -> None:
+        self.killed.append(handle.name)
+
+    def is_initialized(self) -> bool:
+        return self.initialized
+
+    def get_runtime_context(self) -> Any:
+        return SimpleNamespace(get_node_id=lambda: "node-0")
+
+    def remote(self, **_: Any) -> Any:
+        stand_in = self
+
+        class ActorClass:
+            def __init__(self, cls: type) -> None:
+                self.cls = cls
+
+            def options(self, name: str, **__: Any) -> Any:
+                def create() -> Handle:
+                    handle = Handle(name, instance=self.cls())
+                    stand_in.actors[name] = handle
+                    return handle
+
+                return SimpleNamespace(remote=create)
+
+        return ActorClass
+
+
+@pytest.fixture
+def ray(monkeypatch: pytest.MonkeyPatch) -> StandInRay:
+    stand_in = StandInRay()
+    util = types.ModuleType("ray.util")
+    strategies = types.ModuleType("ray.util.scheduling_strategies")
+    strategies.NodeAffinitySchedulingStrategy = lambda node_id, soft: ("affinity", node_id, soft)
+    monkeypatch.setitem(sys.modules, "ray", stand_in)
+    monkeypatch.setitem(sys.modules, "ray.util", util)
+    monkeypatch.setitem(sys.modules, "ray.util.scheduling_strategies", strategies)
+    return stand_in
+
+
+def test_the_probe_tells_dead_stuck_gone_and_alive_apart(ray: StandInRay) -> None:
+    ray.actors = {
+        "alive": Handle("alive"),
+        "stuck": Handle("stuck", ready=GetTimeoutError("timed out")),
+        "dead": Handle("dead", ready=ActorDiedError(RAY_DIED)),
+    }
+    beats = [
+        Beat(0, 1, "n", "alive", None, 0.0, 20.0),
+        Beat(1, 2, "n", "stuck", None, 0.0, 20.0),
+        Beat(2, 3, "n", "dead", None, 0.0, 20.0),
+        Beat(3, 4, "n", "gone", None, 0.0, 20.0),
+        Beat(4, 5, "n", "", None, 0.0, 20.0),  # no actor name: nothing to ask
+    ]
+    found = {lost.beat.rank: lost for lost in watchdog.probe(beats, timeout=5.0) if lost.beat is not None}
+    assert sorted(found) == [1, 2, 3]
+    assert (found[1].dead, found[1].reason) == (
+        False,
+        "its process is alive but did not answer within 5 s (stopped, or stuck in a call)",
+    )
+    assert (found[2].dead, found[2].reason) == (True, watchdog.ray_reason(ActorDiedError(RAY_DIED)))
+    assert (found[3].dead, found[3].reason) == (True, "its Ray actor no longer exists")
+
+
+def test_the_probe_waits_at_most_its_timeout_in_all(ray: StandInRay) -> None:
+    ray.actors = {f"w{i}": Handle(f"w{i}") for i in range(3)}
+    watchdog.probe([Beat(i, i, "n", f"w{i}", None, 0.0, 20.0) for i in range(3)], timeout=5.0)
+    assert len(ray.timeouts) == 3
+    assert all(0.1 <= t <= 5.0 for t in ray.timeouts)
+    assert ray.timeouts[0] > 4.0  # the first one gets (almost) all of it
+
+
+def test_the_probe_never_waits_less_than_a_tenth_of_a_second(ray: StandInRay) -> None:
+    ray.actors = {"w": Handle("w")}
+    watchdog.probe([Beat(0, 1, "n", "w", None, 0.0, 20.0)], timeout=0.0)
+    assert ray.timeouts == [0.1]
+
+
+def test_every_worker_that_beat_is_killed_by_name(ray: StandInRay) -> None:
+    ray.actors = {"a": Handle("a"), "b": Handle("b")}
+    watchdog.kill_workers([Beat(0, 1, "n", "a", None, 0, 0), Beat(1, 2, "n", "", None, 0, 0),
+                           Beat(2, 3, "n", "gone", None, 0, 0), Beat(3, 4, "n", "b", None, 0, 0)])  # fmt: skip
+    assert ray.killed == ["a", "b"]
+
+
+def test_no_watchdog_when_disabled_or_outside_ray(ray: StandInRay) -> None:
+    from omegaconf import OmegaConf
+
+    with watchdog.watching(OmegaConf.create({"r1_ascend": {"watchdog": {"enabled": False}}})) as dog:
+        assert dog is None
+    ray.initialized = False
+    with watchdog.watching(OmegaConf.create({})) as dog:
+        assert dog is None
+    assert "r1_ascend_watchdog" not in ray.actors
+
+
+def test_the_monitor_keeps_each_ranks_last_beat_and_its_age() -> None:
+    monitor = watchdog.HeartbeatMonitor()
+    who = {"rank": 1, "pid": 11, "node": "n1", "actor": "a1"}
+    monitor.beat(who, "update_actor", 3.0, 7)
+    monitor.beat({**who, "rank": 0, "pid": 10, "actor": "a0"}, None, 0.0, None)
+    monitor.beat(who, "update_actor", 4.0, 8)
+    first, second = monitor.snapshot()
+    assert (first.rank, first.pid, first.node, first.actor, first.stage, first.step) == (0, 10, "n1", "a0", None, None)
+    assert (second.rank, second.stage, second.step) == (1, "update_actor", 8)
+    assert 0.0 <= second.silent_s < 5.0
+    assert second.stage_s == pytest.approx(4.0 + second.silent_s)
+
+
+def test_the_watchdog_stops_a_run_with_a_silent_worker(ray: StandInRay) -> None:
+    """start() creates the monitor and the thread; a worker silent past the limit is probed, every worker is
+    killed, and the reason is kept."""
+    import time
+
+    from omegaconf import OmegaConf
+
+    ray.actors = {"w0": Handle("w0"), "w1": Handle("w1", ready=GetTimeoutError("timed out"))}
+    settings = {"silence_s": 15, "stage_s": 600, "poll_s": 0.05}
+    with watchdog.watching(OmegaConf.create({"r1_ascend": {"watchdog": settings}})) as dog:
+        assert dog is not None
+        monitor = ray.actors["r1_ascend_watchdog"].instance
+        now = time.monotonic()
+        monitor.records[0] = ({"rank": 0, "pid": 10, "node": "n0", "actor": "w0"}, "update_actor", 1.0, 4, now)
+        monitor.records[1] = ({"rank": 1, "pid": 11, "node": "n1", "actor": "w1"}, "update_actor", 1.0, 4, now - 60)
+        deadline = time.monotonic() + 30
+        while dog.stall is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert dog.stall is not None
+    assert [b.rank for b in dog.stall.culprits] == [1]
+    assert [(lost.beat.rank, lost.dead) for lost in dog.lost if lost.beat] == [(1, False)]
+    assert sorted(ray.killed) == ["r1_ascend_watchdog", "w0", "w1"]  # the workers, then the monitor on close
+    assert dog.reason().startswith("rank 1 (pid 11 on node n1) sent no heartbeat for 60 s")
+
+
+def test_the_watchdog_goes_on_while_every_worker_beats(ray: StandInRay) -> None:
+    import time
+
+    from omegaconf import OmegaConf
+
+    ray.actors = {"w0": Handle("w0")}
+    settings = {"silence_s": 15, "stage_s": 600, "poll_s": 0.05}
+    with watchdog.watching(OmegaConf.create({"r1_ascend": {"watchdog": settings}})) as dog:
+        assert dog is not None
+        monitor = ray.actors["r1_ascend_watchdog"].instance
+        monitor.records[0] = ({"rank": 0, "pid": 10, "node": "n0", "actor": "w0"}, "gen", 1.0, 4, time.monotonic())
+        time.sleep(0.3)
+        assert [b.rank for b in dog.latest_beats()] == [0]
+    assert (dog.stall, dog.lost, ray.killed) == (None, [], ["r1_ascend_watchdog"])
