@@ -119,10 +119,16 @@ while IFS='|' read -r name source tests scored; do
             tail -n 20 mutmut.log >&2
         fi
         "${python}" -m mutmut results --all true >results.txt
-        : >survivors.txt
-        grep -v ": killed$" results.txt | sed -n 's/^ *\([^:]*\): .*/\1/p' | while read -r mutant; do
-            "${python}" -m mutmut show "${mutant}" >>survivors.txt 2>&1 || true
-        done
+        "${python}" - >survivors.txt <<'PY'
+# the diff of every mutant no test detected (``mutmut show`` for each, in one process)
+from mutmut.mutation.diff_apply import find_mutant, get_diff_for_mutant
+
+for line in open("results.txt", encoding="utf-8"):
+    name, _, status = line.strip().rpartition(": ")
+    if name and status not in ("killed", "timeout"):
+        print(f"# {name}: {status}")
+        print(get_diff_for_mutant(name, path=find_mutant(name).path))
+PY
     )
     summary+=("${name}|${dir}/results.txt|${scored}")
 done <<<"${rows}"

@@ -425,3 +425,161 @@ def test_the_watchdog_goes_on_while_every_worker_beats(ray: StandInRay) -> None:
         time.sleep(0.3)
         assert [b.rank for b in dog.latest_beats()] == [0]
     assert (dog.stall, dog.lost, ray.killed) == (None, [], ["r1_ascend_watchdog"])
+
+
+# --- reading Ray's errors, in every shape ------------------------------------------------------------------------
+
+
+def test_rays_cause_attribute_and_a_repeated_error_are_both_followed() -> None:
+    """Ray's RayTaskError keeps the worker's error in ``cause``; one error reached twice is read once, and what
+    remains to read after it still is."""
+    node = NodeDiedError("node gone")
+    other = ValueError("seen twice")
+    outer = RuntimeError("ray.get failed")
+    outer.cause = node  # type: ignore[attr-defined]
+    outer.__cause__ = other
+    outer.__context__ = other
+    assert watchdog.ray_losses(outer) == [node]
+
+
+def test_a_cycle_in_the_chain_ends() -> None:
+    first, second = ActorDiedError("a"), NodeDiedError("b")
+    first.__context__, second.__context__ = second, first
+    assert sorted(type(e).__name__ for e in watchdog.ray_losses(first)) == ["ActorDiedError", "NodeDiedError"]
+
+
+def test_without_an_exit_detail_the_reason_is_the_last_line_cut_at_300() -> None:
+    assert watchdog.ray_reason(ActorDiedError("one\ntwo\nthree")) == "three"
+    assert watchdog.ray_reason(ActorDiedError("head\n" + "x" * 400)) == "x" * 300
+
+
+# --- the lost workers after the trainer failed, with a stand-in Ray ------------------------------------------------
+
+
+def dog_with_beats(ray: StandInRay, beats: list[Beat]) -> watchdog.Watchdog:
+    """A started watchdog's state: its monitor (a stand-in actor) answers with ``beats``."""
+    dog = watchdog.Watchdog(CONFIG)
+    dog.monitor = Handle("r1_ascend_watchdog", instance=SimpleNamespace(snapshot=lambda: beats))
+    return dog
+
+
+def test_the_latest_beats_are_asked_with_a_timeout_and_kept_when_the_monitor_is_gone(ray: StandInRay) -> None:
+    dog = dog_with_beats(ray, [beat(0, 1.0)])
+    assert [b.rank for b in dog.latest_beats()] == [0]
+    assert ray.timeouts == [10]
+    dog.monitor = Handle("gone", instance=SimpleNamespace(snapshot=lambda: 1 / 0))
+    assert [b.rank for b in dog.latest_beats()] == [0]
+
+
+def test_the_probe_finds_the_dead_worker_rays_error_did_not_name(ray: StandInRay) -> None:
+    beats = [beat(0, 1.0), beat(1, 1.0)]
+    ray.actors = {"wg_WorkerDict_0:0": Handle("a"), "wg_WorkerDict_0:1": Handle("b", ready=ActorDiedError(RAY_DIED))}
+    found = watchdog.lost_workers(RuntimeError("the trainer failed"), dog_with_beats(ray, beats))
+    assert found is not None
+    stall, lost = found
+    assert stall is None
+    assert [(each.beat.rank, each.dead) for each in lost if each.beat] == [(1, True)]
+
+
+def test_rays_error_names_the_worker_when_every_probe_answers(ray: StandInRay) -> None:
+    """The worker died and was restarted, or its pid is all Ray gives: the beat whose pid the error names."""
+    beats = [Beat(0, 17, "n0", "", None, 0.0, 1.0), Beat(1, 4001, "n1", "w1", None, 0.0, 1.0, 3)]
+    ray.actors = {"w1": Handle("w1")}
+    found = watchdog.lost_workers(ActorDiedError(RAY_DIED), dog_with_beats(ray, beats))
+    assert found is not None
+    (lost,) = found[1]
+    assert lost.beat is beats[1]
+    assert lost.reason == watchdog.ray_reason(ActorDiedError(RAY_DIED))
+
+
+def test_only_the_first_of_rays_losses_is_reported(ray: StandInRay) -> None:
+    outer = ActorDiedError(RAY_DIED)
+    outer.__cause__ = NodeDiedError("The actor died because its node has died. Node Id: x")
+    found = watchdog.lost_workers(outer, dog_with_beats(ray, []))
+    assert found is not None
+    assert len(found[1]) == 1
+
+
+def test_the_watchdogs_probe_alone_is_the_answer() -> None:
+    """The watchdog found a dead suspect before any stall: its finding stands."""
+    dog = watchdog.Watchdog(CONFIG)
+    dog.lost = [watchdog.Lost(beat(1, 20.0), "probe: dead")]
+    found = watchdog.lost_workers(RuntimeError("the trainer failed"), dog)
+    assert found == (None, dog.lost)
+
+
+def test_rays_account_replaces_the_probes_only_for_the_pid_it_names(ray: StandInRay) -> None:
+    dog = watchdog.Watchdog(CONFIG)
+    named, other = beat(1, 20.0), Beat(2, 77, "n", "w2", None, 0.0, 20.0)
+    dog.lost = [watchdog.Lost(named, "probe: dead"), watchdog.Lost(other, "probe: dead")]
+    found = watchdog.lost_workers(ActorDiedError(RAY_DIED), dog)
+    assert found is not None
+    first, second = found[1]
+    assert (first.beat, first.dead, first.reason) == (named, True, watchdog.ray_reason(ActorDiedError(RAY_DIED)))
+    assert (second.beat, second.reason) == (other, "probe: dead")
+
+
+@pytest.mark.parametrize(
+    ("text", "rank"),
+    [("name: wg_1 and more", 1), ("pid: 42 only", 1), ("pid: 7", 0), ("nobody", None)],
+)
+def test_rays_error_is_matched_to_a_beat_by_actor_name_or_pid(ray: StandInRay, text: str, rank: int | None) -> None:
+    beats = [Beat(0, 7, "n0", "", None, 0.0, 1.0), Beat(1, 42, "n1", "wg_1", None, 0.0, 1.0)]
+    ray.actors = {"wg_1": Handle("wg_1")}
+    found = watchdog.lost_workers(ActorDiedError(text), dog_with_beats(ray, beats))
+    assert found is not None
+    (lost,) = found[1]
+    assert (lost.beat.rank if lost.beat else None) == rank
+
+
+def test_the_default_probe_goes_through_ray(ray: StandInRay) -> None:
+    ray.actors = {"wg_WorkerDict_0:1": Handle("w", ready=ActorDiedError(RAY_DIED))}
+    stall, lost = watchdog.stop_decision([beat(0, 1.0), beat(1, SUSPECT_S + 1)], CONFIG)
+    assert stall is None
+    assert [(each.beat.rank, each.dead) for each in lost if each.beat] == [(1, True)]
+    assert ray.timeouts[0] == pytest.approx(watchdog.PROBE_S, abs=0.5)
+
+
+# --- the messages, word for word where a user acts on them ---------------------------------------------------------
+
+
+def test_the_reason_lists_every_lost_worker() -> None:
+    dog = watchdog.Watchdog(CONFIG)
+    dog.lost = [watchdog.Lost(beat(1, 9.0), "died"), watchdog.Lost(beat(2, 9.0), "gone")]
+    assert dog.reason() == (
+        "a worker died: rank 1 (pid 4001 on node 10.0.0.2): died; rank 2 (pid 4002 on node 10.0.0.3): gone"
+    )
+    dog.lost = []
+    dog.stall = Stall("silent", (beat(1, 90.0),), (), CONFIG.silence_s)
+    assert dog.reason() == dog.stall.describe()
+
+
+def test_the_stalls_stage_and_step_name_the_loss(tmp_path: Path) -> None:
+    culprits = (beat(1, 90.0), Beat(2, 4002, "n", "a2", "update_actor", 5.0, 90.0, 11))
+    stall = Stall("silent", culprits, (), CONFIG.silence_s)
+    lost = [watchdog.Lost(Beat(3, 4003, "n", "a3", "generate_sequences", 1.0, 1.0, None), "died")]
+    text = watchdog.describe_loss(stall, lost, tmp_path, [])
+    assert text.startswith("the run stopped in training step 11, stage update_actor: the watchdog stopped the run")
+    assert f"{stall.describe()}. The job's other workers were stopped with it." in watchdog.describe_loss(
+        stall, [], tmp_path, []
+    )
+
+
+def test_every_lost_worker_is_named_in_the_message(tmp_path: Path) -> None:
+    lost = [watchdog.Lost(beat(1, 9.0), "died"), watchdog.Lost(beat(2, 9.0), "gone")]
+    text = watchdog.describe_loss(None, lost, tmp_path, [])
+    assert "was lost: rank 1 (pid 4001 on node 10.0.0.2): died; rank 2 (pid 4002 on node 10.0.0.3): gone." in text
+
+
+def test_what_to_check_word_for_word(tmp_path: Path) -> None:
+    dead = watchdog.describe_loss(None, [watchdog.Lost(beat(1, 9.0), "died")], tmp_path, [])
+    assert (
+        "Check why it died: the node's kernel log for the OOM killer (dmesg -T | grep -i -e oom -e killed), the "
+        "worker's log (<ray temp dir>/session_latest/logs/ on that node, named after its pid), npu-smi info for "
+        "device errors; a lost node must rejoin (scripts/ray_start_npu.sh on it) before the relaunch. Then"
+    ) in dead
+    stuck = watchdog.describe_loss(None, [watchdog.Lost(beat(1, 9.0), "no answer", dead=False)], tmp_path, [])
+    assert (
+        "Check the named node: a worker that stops answering is stopped, stuck in the device driver (npu-smi info, "
+        "the device log under /var/log/npu) or cut off with its node (its Ray log). Then"
+    ) in stuck
