@@ -179,3 +179,22 @@ def test_an_overdue_stage_is_described_with_its_longest_rank() -> None:
 )
 def test_rank_ranges(ranks: list[int], text: str) -> None:
     assert rank_ranges(ranks) == text
+
+
+def test_every_silent_worker_is_named_and_what_silence_means() -> None:
+    culprits = (beat(1, silent_s=70), beat(3, silent_s=90, stage=None))
+    text = Stall("silent", culprits, (), 60).describe()
+    assert text == (
+        "rank 1 (pid 101 on node node1) sent no heartbeat for 70 s, last in update_actor; rank 3 (pid 103 on node "
+        "node3) sent no heartbeat for 90 s, last in no stage (limit 60 s). A silent worker was killed (OOM killer, a "
+        "device error), stopped (SIGSTOP, a process stuck in the device driver) or lost with its node"
+    )
+
+
+def test_a_too_short_silence_is_refused_with_the_shortest_allowed() -> None:
+    with pytest.raises(WatchdogConfigError) as info:
+        WatchdogConfig.from_mapping({"silence_s": 10, "poll_s": 1})
+    assert str(info.value) == (
+        "r1_ascend.watchdog.silence_s = 10 s is shorter than 3 heartbeats (15 s): a busy host would be taken for a "
+        "lost worker; set at least that"
+    )
