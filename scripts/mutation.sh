@@ -64,13 +64,16 @@ stage() {
         Dockerfile "${dir}/"
     find "${dir}" -name __pycache__ -prune -exec rm -rf {} +
     # mutmut runs pytest many times in one process: Hypothesis then sees a test class's method called from several
-    # instances (differing_executors, harmless here), and a loaded machine must not turn a deadline into a kill
+    # instances (differing_executors, harmless here); and a loaded machine must not turn a deadline or slow input
+    # generation (too_slow) into a kill
     cat >>"${dir}/conftest.py" <<'PROFILE'
 
 
 from hypothesis import HealthCheck, settings  # noqa: E402
 
-settings.register_profile("mutation", deadline=None, suppress_health_check=[HealthCheck.differing_executors])
+settings.register_profile(
+    "mutation", deadline=None, suppress_health_check=[HealthCheck.differing_executors, HealthCheck.too_slow]
+)
 settings.load_profile("mutation")
 PROFILE
     case "${source}" in
