@@ -92,8 +92,6 @@ only_mutate = ["${staged}"]
 also_copy = ["conftest.py", "patches", "recipe", "data", "docs", "scripts", "requirements", "benchmarks", "README.md",
     "Dockerfile"]
 pytest_add_cli_args_test_selection = ["-m", "not slow", ${tests[*]}]
-# a mutant that makes a test loop is stopped after 5 x (its tests' time + 1 s) of CPU (mutmut's default: 15 x)
-timeout_multiplier = 5.0
 EOF
 }
 
