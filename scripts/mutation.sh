@@ -10,7 +10,8 @@
 # r1_ascend.recipe and r1_ascend.data (pyproject's package-dir), so each module is staged afresh in
 # .mutation/<module>/ in that import layout (r1_ascend/patches/...): there, mutmut's copy is what the tests import.
 # Each mutant runs the fast tests of its module's list that call the mutated function (mutmut records which test
-# calls which function), one process at a time, under nice. Per module: .mutation/<module>/results.txt (every
+# calls which function), one process at a time, under nice; test_rehearse_verdicts.py's own mutation checks (they
+# exec edited copies of the verdicts, which mutmut's trampolines do not let them replace) are left out. Per module: .mutation/<module>/results.txt (every
 # mutant and its status) and survivors.txt (the diff of every mutant no test killed).
 set -euo pipefail
 
@@ -91,7 +92,7 @@ source_paths = ["r1_ascend"]
 only_mutate = ["${staged}"]
 also_copy = ["conftest.py", "patches", "recipe", "data", "docs", "scripts", "requirements", "benchmarks", "README.md",
     "Dockerfile"]
-pytest_add_cli_args_test_selection = ["-m", "not slow", ${tests[*]}]
+pytest_add_cli_args_test_selection = ["-m", "not slow", "-k", "not test_weakening_a_check_is_caught", ${tests[*]}]
 EOF
 }
 
