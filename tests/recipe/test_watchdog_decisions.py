@@ -325,11 +325,11 @@ def test_the_probe_tells_dead_stuck_gone_and_alive_apart(ray: StandInRay) -> Non
         "dead": Handle("dead", ready=ActorDiedError(RAY_DIED)),
     }
     beats = [
+        Beat(4, 5, "n", "", None, 0.0, 20.0),  # no actor name: nothing to ask
+        Beat(3, 4, "n", "gone", None, 0.0, 20.0),
         Beat(0, 1, "n", "alive", None, 0.0, 20.0),
         Beat(1, 2, "n", "stuck", None, 0.0, 20.0),
         Beat(2, 3, "n", "dead", None, 0.0, 20.0),
-        Beat(3, 4, "n", "gone", None, 0.0, 20.0),
-        Beat(4, 5, "n", "", None, 0.0, 20.0),  # no actor name: nothing to ask
     ]
     found = {lost.beat.rank: lost for lost in watchdog.probe(beats, timeout=5.0) if lost.beat is not None}
     assert sorted(found) == [1, 2, 3]
@@ -583,3 +583,84 @@ def test_what_to_check_word_for_word(tmp_path: Path) -> None:
         "Check the named node: a worker that stops answering is stopped, stuck in the device driver (npu-smi info, "
         "the device log under /var/log/npu) or cut off with its node (its Ray log). Then"
     ) in stuck
+
+
+def watch(ray: StandInRay, records: dict[int, tuple[str, float, float]], seconds: float = 0.0) -> watchdog.Watchdog:
+    """Run the watchdog (poll every 0.05 s) over workers w<rank> whose last beat was ``silent`` seconds ago, in
+    ``stage`` for ``stage_s`` seconds; until it stops the run (or ``seconds`` more), then close it."""
+    import time
+
+    from omegaconf import OmegaConf
+
+    settings = {"silence_s": 15, "stage_s": 600, "poll_s": 0.05}
+    with watchdog.watching(OmegaConf.create({"r1_ascend": {"watchdog": settings}})) as dog:
+        assert dog is not None
+        monitor = ray.actors["r1_ascend_watchdog"].instance
+        now = time.monotonic()
+        for rank, (stage, stage_s, silent) in records.items():
+            who = {"rank": rank, "pid": 10 + rank, "node": f"n{rank}", "actor": f"w{rank}"}
+            monitor.records[rank] = (who, stage, stage_s, 4, now - silent)
+        deadline = time.monotonic() + 30
+        while dog.stall is None and not dog.lost and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(seconds)
+    return dog
+
+
+def test_an_overdue_stage_stops_the_run_and_each_worker_is_killed_once(ray: StandInRay) -> None:
+    ray.actors = {"w0": Handle("w0"), "w1": Handle("w1")}
+    dog = watch(ray, {0: ("update_actor", 700.0, 0.0), 1: ("update_actor", 700.0, 0.0)}, seconds=0.3)
+    assert dog.stall is not None
+    assert dog.stall.kind == "overdue"
+    assert ray.killed == ["w0", "w1", "r1_ascend_watchdog"]  # one look stops the run; close() ends the monitor
+
+
+def test_the_monitor_runs_beside_the_driver_with_no_cpu_and_the_thread_is_a_daemon(ray: StandInRay) -> None:
+    calls: list[object] = []
+    remote = ray.remote
+
+    def recording(**options: object) -> object:
+        calls.append(options)
+        return remote(**options)
+
+    ray.remote = recording  # type: ignore[method-assign]
+    dog = watchdog.Watchdog(CONFIG)
+    dog.start()
+    try:
+        assert calls == [{"num_cpus": 0, "max_concurrency": 16}]
+        assert dog.thread is not None
+        assert (dog.thread.name, dog.thread.daemon) == ("r1-ascend-watchdog", True)
+    finally:
+        dog.close()
+    assert dog.thread is not None
+    assert not dog.thread.is_alive()
+
+
+def test_a_monitor_that_does_not_answer_once_is_asked_again(ray: StandInRay, caplog: pytest.LogCaptureFixture) -> None:
+    """One failed look is logged; the watchdog goes on and stops the run when a worker falls silent later."""
+    import time
+
+    from omegaconf import OmegaConf
+
+    ray.actors = {"w0": Handle("w0", ready=ActorDiedError(RAY_DIED))}
+    settings = {"silence_s": 15, "stage_s": 600, "poll_s": 0.05}
+    with watchdog.watching(OmegaConf.create({"r1_ascend": {"watchdog": settings}})) as dog:
+        assert dog is not None
+        monitor = ray.actors["r1_ascend_watchdog"].instance
+        real = monitor.snapshot
+        failures = iter([RuntimeError("monitor busy")])
+
+        def flaky() -> list[Beat]:
+            for error in failures:
+                raise error
+            return real()
+
+        monitor.snapshot = flaky
+        monitor.records[0] = ({"rank": 0, "pid": 10, "node": "n0", "actor": "w0"}, "gen", 1.0, 4, time.monotonic() - 60)
+        deadline = time.monotonic() + 30
+        while dog.stall is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert dog.stall is not None
+    assert "r1-ascend watchdog: the monitor did not answer (monitor busy)" in caplog.text
+    assert f"r1-ascend watchdog: stopping the run: {dog.reason()}" in caplog.text
+    assert 60 in ray.timeouts
