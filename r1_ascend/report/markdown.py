@@ -287,10 +287,12 @@ def _consistency_section(run: RunData) -> list[str]:
         for key in guard_keys:
             steps, values = run.series(key)
             top = max(range(len(values)), key=lambda i: -math.inf if math.isnan(values[i]) else values[i])
+            # every logged value, NaN included (series() keeps the finite ones): a NaN statistic is never healthy
+            logged = {s: m[key] for s, m in sorted(run.steps.items()) if key in m}
             cells = []
             for what in ("warn", "stop"):
                 levels = dict(zip(*guard_level_series(run, key, what), strict=True))
-                above = [s for s, v in zip(steps, values, strict=True) if s in levels and not v <= levels[s]]
+                above = [s for s, v in logged.items() if s in levels and not v <= levels[s]]
                 cells.append((f"{levels[max(levels)]:g}" if levels else "–", _step_list(above) or "none"))
             (warn, over_warn), (stop, over_stop) = cells
             if warn == "–":
