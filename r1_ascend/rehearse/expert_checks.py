@@ -145,8 +145,9 @@ def check_bias_moves(events: Sequence[Mapping[str, Any]]) -> list[dict[str, obje
 
 def check_engine_follows(events: Sequence[Mapping[str, Any]], tolerance: float = BIAS_TOLERANCE) -> list[dict]:
     """After every sync that follows an actor update in the same worker, the engine's bias equals the actor's after
-    that update; returns, per step synced for, the largest |engine - actor| and how far the actor's bias had moved
-    since the run's first update (what a stale engine would be off by)."""
+    that update; returns, per update (its training step) the syncs after it were checked against, the largest
+    |engine - actor| and how far the actor's bias had moved since the worker's first update (what a stale engine
+    would be off by)."""
     biases = actor_biases(events)
     drift: dict[int, dict[str, float]] = {}
     for event in sorted((e for e in events if e.get("event") == "engine_bias"), key=lambda e: e["t"]):
@@ -157,20 +158,20 @@ def check_engine_follows(events: Sequence[Mapping[str, Any]], tolerance: float =
         engine = _layers(event["bias"])
         gap = _largest_difference(actor, engine)
         moved = _largest_difference(biases[int(event["pid"])][0][2], actor)
-        synced_for = int(step) + 1 if step is not None else -1
+        after = int(step) if step is not None else -1
         if gap > tolerance:
             raise ExpertLoadError(
                 f"the rollout engine's expert bias differs from the actor's by up to {gap:.3g} after the weight sync "
-                f"for step {synced_for} (the actor's bias has moved {moved:.3g} since the run's first update): the "
-                "sync did not carry router.expert_bias (a state_dict buffer, not a parameter) into the engine's "
-                "e_score_correction_bias, so the rollout routes with a stale bias"
+                f"that followed the update of step {after} (the actor's bias has moved {moved:.3g} since the "
+                "worker's first update): the sync did not carry router.expert_bias (a state_dict buffer, not a "
+                "parameter) into the engine's e_score_correction_bias, so the rollout routes with a stale bias"
             )
-        entry = drift.setdefault(synced_for, {"engine_vs_actor": 0.0, "actor_moved_since_first_update": 0.0})
+        entry = drift.setdefault(after, {"engine_vs_actor": 0.0, "actor_moved_since_first_update": 0.0})
         entry["engine_vs_actor"] = max(entry["engine_vs_actor"], gap)
         entry["actor_moved_since_first_update"] = max(entry["actor_moved_since_first_update"], moved)
     if not drift:
         raise ExpertLoadError("no weight sync after an actor update was recorded: the engine's bias was never checked")
-    return [{"step": step, **values} for step, values in sorted(drift.items())]
+    return [{"after_update_of_step": step, **values} for step, values in sorted(drift.items())]
 
 
 def _largest_difference(a: Mapping[int, Sequence[float]], b: Mapping[int, Sequence[float]]) -> float:

@@ -11,8 +11,8 @@ and requires the verdict to fail with the fault named:
 - ``stale-bias``: from the second weight sync on, the rollout engine keeps the expert bias of the first sync
   (r1_ascend.rehearse.rollout_faults): the actor's bias moves every step, the engine's does not. Either the rollout
   guard stops the run (the drift moved enough tokens to other experts to show in the log-probs) or the run finishes
-  and "the engine follows" must fail, naming the step. The drift per step (how far the actor's bias moved while the
-  engine kept the old one) is reported either way.
+  and "the engine follows" must fail, naming the update the stale sync followed. The drift per step (how far the
+  actor's bias moved while the engine kept the old one) is reported either way.
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ def plan_for(name: str, base: Plan) -> Plan:
 
 
 def bias_drift(events: Sequence[Mapping[str, Any]]) -> list[dict[str, object]]:
-    """Per step synced for: the largest |engine - actor| expert bias (the verdict's comparison, without its limit)."""
+    """Per actor update: the largest |engine - actor| expert bias at the syncs after it (the verdict's comparison,
+    without its limit)."""
     return expert_checks.check_engine_follows(events, tolerance=math.inf)
 
 
@@ -69,7 +70,11 @@ def judge_moe_fault(name: str, code: int, text: str, events: Sequence[Mapping[st
     seen: dict[str, object] = {"name": name, "exit_code": code}
     if name == "stale-bias":
         seen["bias_drift_per_step"] = [
-            {"step": d["step"], "engine_vs_actor": round(float(d["engine_vs_actor"]), 5)} for d in bias_drift(events)
+            {
+                "after_update_of_step": d["after_update_of_step"],
+                "engine_vs_actor": round(float(d["engine_vs_actor"]), 5),
+            }
+            for d in bias_drift(events)
         ]
     if code != 0:
         if name == "stale-bias" and stopped:

@@ -734,10 +734,11 @@ def print_moe(moe: object) -> None:
     moves = ", ".join(f"{m['step']}: {m['largest_bias_change']:.4f}" for m in moe["bias_moves"])
     print(f"  expert bias moved: largest change per step {moves}")
     follows = ", ".join(
-        f"{d['step']}: {d['engine_vs_actor']:.1g} (actor moved {d['actor_moved_since_first_update']:.4f})"
+        f"{d['after_update_of_step']}: {d['engine_vs_actor']:.1g} "
+        f"(actor's moved {d['actor_moved_since_first_update']:.3f})"
         for d in moe["engine_bias"]
     )
-    print(f"  engine bias:       |engine - actor| after the sync for step {follows}")
+    print(f"  engine bias:       |engine - actor| at the syncs after the update of step {follows}")
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ def test_a_healthy_run_passes_and_reports_what_it_saw() -> None:
     assert summary["smallest_ep_share"] == 0.5
     assert [m["step"] for m in summary["bias_moves"]] == [2, 3]
     assert all(m["largest_bias_change"] == pytest.approx(0.001) for m in summary["bias_moves"])
-    assert [d["step"] for d in summary["engine_bias"]] == [2, 3]
+    assert [d["after_update_of_step"] for d in summary["engine_bias"]] == [1, 2]
     assert all(d["engine_vs_actor"] == 0.0 for d in summary["engine_bias"])
     assert summary["engine_bias"][-1]["actor_moved_since_first_update"] == pytest.approx(0.001)
 
@@ -131,7 +131,8 @@ def test_a_bias_that_stops_moving_fails() -> None:
 def test_an_engine_with_a_stale_bias_fails_naming_the_step_and_the_drift() -> None:
     stale = {step: bias_after(0) for step in (2, 3)}
     with pytest.raises(
-        checks.ExpertLoadError, match=r"differs from the actor's by up to 0\.001 after the weight sync for step 2"
+        checks.ExpertLoadError,
+        match=r"differs from the actor's by up to 0\.001 after the weight sync that followed the update of step 1",
     ):
         checks.check_engine_follows(run(engine=stale))
 
@@ -139,7 +140,7 @@ def test_an_engine_with_a_stale_bias_fails_naming_the_step_and_the_drift() -> No
 def test_the_first_sync_of_a_run_is_not_compared() -> None:
     """Before the first update in a worker there is no actor bias recorded to compare with."""
     first_only = run(engine={1: bias_after(5)})
-    assert [d["step"] for d in checks.check_engine_follows(first_only)] == [2, 3]
+    assert [d["after_update_of_step"] for d in checks.check_engine_follows(first_only)] == [1, 2]
 
 
 def test_a_drift_within_the_tolerance_passes() -> None:

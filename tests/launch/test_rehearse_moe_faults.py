@@ -75,7 +75,7 @@ def test_a_stale_bias_is_caught_with_its_drift_per_step(tmp_path: Path) -> None:
     outcome = moe.judge_moe_fault("stale-bias", 0, "", records(stale=True), tmp_path / "run1.log")
     assert outcome["caught_by"] == "expert verdicts"
     assert "differs from the actor's" in outcome["message"]
-    assert [d["step"] for d in outcome["bias_drift_per_step"]] == [2, 3]
+    assert [d["after_update_of_step"] for d in outcome["bias_drift_per_step"]] == [1, 2]
     assert [d["engine_vs_actor"] for d in outcome["bias_drift_per_step"]] == pytest.approx([0.01, 0.02])
 
 
