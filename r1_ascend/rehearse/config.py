@@ -84,6 +84,16 @@ class Plan:
     def world(self) -> int:
         return self.nodes * self.npus_per_node
 
+    @property
+    def sequences_per_rank(self) -> int:
+        """The sequences of one step each actor data-parallel rank trains on (the world is all data-parallel)."""
+        return max(1, self.prompts_per_step * self.samples_per_prompt // self.world)
+
+
+#: The batch of a run that plants a checkpoint, process or MoE fault: what it checks (the stop, its message, the
+#: resume, an expert without tokens) needs no learning, and a quarter of the sequences makes each of its steps about
+#: half as long (the weight sync and the device-side bookkeeping stay).
+FAULT_BATCH = {"prompts_per_step": 4, "samples_per_prompt": 4}
 
 #: The watchdog's settings in the rehearsal: 6 missed heartbeats (a loaded 2-core host delays a beat by seconds)
 #: and a stage limit 10x the longest stage of a healthy rehearsal (the first init_model, about a minute).
@@ -135,9 +145,11 @@ def overrides(plan: Plan, inputs: Inputs, out: Path, repo_root: Path) -> list[st
         # minutes, not hours: a small batch, short responses, a few steps
         f"data.train_batch_size={plan.prompts_per_step}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={plan.prompts_per_step}",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
+        # one micro batch per rank and pass: on the host each extra micro batch costs a whole pipeline-schedule pass
+        # (about a second for this model), and the step's sequences fit many times over
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={plan.sequences_per_rank}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={plan.sequences_per_rank}",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={plan.sequences_per_rank}",
         "actor_rollout_ref.rollout.val_kwargs.n=2",
         f"actor_rollout_ref.rollout.n={plan.samples_per_prompt}",
         f"data.max_response_length={plan.response_length}",

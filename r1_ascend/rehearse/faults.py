@@ -32,7 +32,7 @@ from pathlib import Path
 import psutil
 
 from r1_ascend.patches.rules.checkpoints import inspect_step, read_tracker
-from r1_ascend.rehearse.config import Plan
+from r1_ascend.rehearse.config import FAULT_BATCH, Plan
 from r1_ascend.rehearse.lifecycle import read_lifecycle
 
 FAULTS = ("kill-during-save", "disk-full", "corrupt-latest")
@@ -80,6 +80,7 @@ def plan_for(fault: str, base: Plan) -> Plan:
         test_freq=steps,
         max_ckpt_to_keep=steps - 1,
         min_reward_rise=None,
+        **FAULT_BATCH,
     )
 
 

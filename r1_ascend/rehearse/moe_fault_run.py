@@ -27,7 +27,7 @@ from typing import Any
 
 from r1_ascend.rehearse import expert_checks
 from r1_ascend.rehearse.budget import RssSampler
-from r1_ascend.rehearse.config import Plan
+from r1_ascend.rehearse.config import FAULT_BATCH, Plan
 from r1_ascend.rehearse.faults import MOE_FAULTS, FaultError
 from r1_ascend.rehearse.lifecycle import read_lifecycle
 from r1_ascend.rehearse.run import _log, _text, new_cluster, prepare, start_cluster, stop_cluster
@@ -53,6 +53,7 @@ def plan_for(name: str, base: Plan) -> Plan:
         save_freq=STEPS,
         test_freq=STEPS + 1,
         min_reward_rise=None,
+        **FAULT_BATCH,
         actor_fault=f"dead-expert@{layer}:{expert}" if name == "dead-expert" else None,
         rollout_fault=f"stale-bias@{STALE_FROM_SYNC}" if name == "stale-bias" else None,
     )

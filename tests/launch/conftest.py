@@ -64,3 +64,14 @@ def smoke_inputs(tmp_path_factory) -> SmokeInputs:
     prepare([sample_path()], root / "data")
     prepare_val(root / "data")
     return SmokeInputs(model, ckpt, root / "data")
+
+
+@pytest.fixture(scope="session")
+def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One converted quickstart checkpoint for every rehearsal of the session that does not test the conversion
+    itself (``rehearse --weights``): a conversion per run cost a minute or more each."""
+    from r1_ascend.rehearse.inputs import make_weights
+
+    root = tmp_path_factory.mktemp("rehearsal-weights")
+    make_weights(root)
+    return root / "weights"

@@ -100,10 +100,11 @@ def test_rehearsal_runs_kills_resumes_and_reports(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_learning_rate_zero_does_not_raise_the_reward(tmp_path: Path) -> None:
+def test_learning_rate_zero_does_not_raise_the_reward(tmp_path: Path, weights: Path) -> None:
     """The control: the same rehearsal at learning rate 0 trains nothing, so the reward stays at its base rate."""
     out = tmp_path / "rehearse-lr0"
     cmd = [sys.executable, "-m", "r1_ascend.cli", "rehearse", "--output-dir", str(out), "--lr", "0"]
+    cmd += ["--weights", str(weights)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
     assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
     reward = json.loads((out / "summary.json").read_text())["reward"]
@@ -112,14 +113,14 @@ def test_learning_rate_zero_does_not_raise_the_reward(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_everything_it_started(tmp_path: Path) -> None:
+def test_ctrl_c_stops_everything_it_started(tmp_path: Path, weights: Path) -> None:
     """SIGINT once run 1 is under way: exit 130, no process left under its Ray temp dir, namespace deleted."""
     import re
     import signal
     import time
 
     out = tmp_path / "rehearse"
-    cmd = [sys.executable, "-m", "r1_ascend.cli", "rehearse", "--output-dir", str(out)]
+    cmd = [sys.executable, "-m", "r1_ascend.cli", "rehearse", "--output-dir", str(out), "--weights", str(weights)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
     seen = ""

@@ -100,16 +100,6 @@ def _nothing_left(summary: dict) -> None:
         assert summary["netns"] not in names
 
 
-@pytest.fixture(scope="module")
-def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One converted checkpoint for every fault run (``--weights``), instead of a conversion per run."""
-    from r1_ascend.rehearse.inputs import make_weights
-
-    root = tmp_path_factory.mktemp("fault-weights")
-    make_weights(root)
-    return root / "weights"
-
-
 def _fault(out: Path, name: str, weights: Path) -> dict:
     done = _rehearse("--fault", name, "--output-dir", str(out), "--weights", str(weights))
     assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]

@@ -113,15 +113,6 @@ def _rehearse(tmp_path: Path, weights: Path, name: str) -> tuple[subprocess.Comp
     return done, json.loads(summary.read_text()) if summary.is_file() else {}
 
 
-@pytest.fixture(scope="module")
-def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from r1_ascend.rehearse.inputs import make_weights
-
-    root = tmp_path_factory.mktemp("moe-weights")
-    make_weights(root)
-    return root / "weights"
-
-
 @pytest.mark.slow
 def test_a_dead_expert_fails_the_rehearsal_naming_layer_and_expert(tmp_path: Path, weights: Path) -> None:
     done, summary = _rehearse(tmp_path, weights, "dead-expert")

@@ -69,9 +69,9 @@ def test_a_broken_stop_fails(tmp_path: Path, text: str, code: int, steps: list[i
 
 
 @pytest.mark.slow
-def test_routing_mismatch_planted_in_the_real_run_is_stopped(tmp_path: Path) -> None:
+def test_routing_mismatch_planted_in_the_real_run_is_stopped(tmp_path: Path, weights: Path) -> None:
     out = tmp_path / "rollout-fault"
-    cmd = [sys.executable, "-m", "r1_ascend.cli", "rehearse", "--output-dir", str(out)]
+    cmd = [sys.executable, "-m", "r1_ascend.cli", "rehearse", "--output-dir", str(out), "--weights", str(weights)]
     done = subprocess.run(
         [*cmd, "--rollout-fault", "routing-ungrouped"], capture_output=True, text=True, timeout=1200, check=False
     )
