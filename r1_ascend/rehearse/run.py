@@ -39,7 +39,7 @@ import psutil
 
 from r1_ascend.rehearse import training
 from r1_ascend.rehearse.budget import RssSampler
-from r1_ascend.rehearse.config import Plan, driver_command
+from r1_ascend.rehearse.config import Plan, driver_command, node_ip
 from r1_ascend.rehearse.export import ExportError, export
 from r1_ascend.rehearse.faults import FAULTS, PROCESS_FAULTS, FaultError, plan_for
 from r1_ascend.rehearse.inputs import make_inputs
@@ -102,11 +102,6 @@ def make_netns() -> tuple[list[str], str | None]:
     prefix = ["ip", "netns", "exec", name]
     subprocess.run([*prefix, "ip", "link", "set", "lo", "up"], check=True, capture_output=True)
     return prefix, name
-
-
-def node_ip(index: int) -> str:
-    """The loopback address of simulated node ``index`` (the head is node 0)."""
-    return f"127.0.0.{index + 2}"
 
 
 def node_dir(out: Path, ip: str) -> Path:
