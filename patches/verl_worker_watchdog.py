@@ -140,6 +140,7 @@ def _identity() -> dict[str, object]:
         "rank": int(os.environ.get("RANK", "-1")),
         "pid": os.getpid(),
         "node": ray.util.get_node_ip_address(),
+        "node_id": context.get_node_id(),
         "actor": context.get_actor_name() or "",
     }
 
