@@ -17,6 +17,7 @@ import textwrap
 import time
 
 import psutil
+import pytest
 
 #: The stand-in worker: ``install`` says whether it installs the fork handler first.
 WORKER = textwrap.dedent(
@@ -91,3 +92,58 @@ def test_without_the_handler_they_are_orphaned() -> None:
         for pid in children:
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+# --- on a real two-node Ray: a worker killed with its raylet ---------------------------------------------------------
+
+
+def _manager_forking_worker() -> type:
+    class Worker:
+        """Enters a stage through the watchdog patch (as every training worker does), then forks megatron-core's
+        writer Manager."""
+
+        def fork_manager(self) -> tuple[int, list[int]]:
+            import multiprocessing
+
+            from r1_ascend.patches.verl_worker_watchdog import in_stage
+
+            with in_stage("save_checkpoint", 1):
+                self.queue = multiprocessing.get_context("fork").Manager().Queue()
+            return os.getpid(), [child.pid for child in psutil.Process().children()]
+
+    return Worker
+
+
+@pytest.mark.slow
+def test_a_worker_killed_with_its_raylet_leaves_nothing_it_forked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray ends a worker's children itself when the worker exits on its own (RAY_kill_child_processes_on_worker_exit)
+    and reaps them while the raylet lives (subreaper mode); a worker SIGKILLed once its raylet is gone has neither.
+    Measured without the handler: the Manager outlived it for good; with it, it is gone within a second."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    monkeypatch.setenv("RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper", "true")
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "include_dashboard": False, "node_ip_address": "127.0.0.2"},
+    )
+    children: list[int] = []
+    try:
+        node = cluster.add_node(num_cpus=1, resources={"lost": 1}, node_ip_address="127.0.0.3")
+        ray.init(address=cluster.address, log_to_driver=False, _node_ip_address="127.0.0.2")
+        worker = ray.remote(num_cpus=0, resources={"lost": 1})(_manager_forking_worker()).remote()
+        pid, children = ray.get(worker.fork_manager.remote(), timeout=120)
+        assert children, "the worker forked no Manager"
+        os.kill(node.all_processes["raylet"][0].process.pid, signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while any(_alive(child) for child in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = [child for child in children if _alive(child)]
+        assert left == [], f"what the worker forked outlived it and its raylet: {left}"
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        for child in children:
+            if _alive(child):
+                os.kill(child, signal.SIGKILL)
