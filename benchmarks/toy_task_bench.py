@@ -53,20 +53,15 @@ def build_model(model_dir: Path, init: str, seed: int) -> torch.nn.Module:
 
 
 def synthetic_state_dict(config: dict[str, Any], names: list[str], seed: int) -> dict[str, torch.Tensor]:
-    """The tensors ``make_tiny`` would write for ``config`` under ``seed``, FP8 weights dequantised, as float32."""
-    from r1_ascend.weights.fp8 import SCALE_SUFFIX, dequantize_fp8_blockwise
-    from r1_ascend.weights.inventory import checkpoint_specs
-    from r1_ascend.weights.tiny import make_tensors
+    """What the quickstart's conversion makes of ``make_tiny``'s checkpoint for ``config`` under ``seed`` (FP8 weights
+    dequantised, expert biases balanced on the shipped prompts), as float32, for the names ``names``."""
+    from r1_ascend.launch.routing_prompts import calibration_sets
+    from r1_ascend.weights.router_balance import balanced_biases
+    from r1_ascend.weights.tiny import bf16_state_dict
 
-    specs = {spec.name: spec for spec in checkpoint_specs(config, mtp=False)}
-    state = {}
-    for name in names:
-        tensors = make_tensors(specs[name], seed, fast=False)
-        weight = tensors[name]
-        if specs[name].kind == "fp8":
-            weight = dequantize_fp8_blockwise(weight, tensors[name + SCALE_SUFFIX], name=name)
-        state[name] = weight.float()
-    return state
+    state = bf16_state_dict(config, seed)
+    state.update(balanced_biases(config, state, calibration_sets()))
+    return {name: state[name].float() for name in names}
 
 
 class Task:

@@ -13,7 +13,9 @@ Order matters and is deliberate:
 9. ``verl_checkpoint_integrity`` changes when checkpoints are deleted and which one a resume takes; it depends on
    nothing above;
 10. ``verl_worker_watchdog`` wraps the worker methods the trainer calls to report their stage; it depends on
-    nothing above and wraps none of their targets.
+    nothing above and wraps none of their targets;
+11. ``verl_moe_expert_load`` wraps the actor's update and megatron-core's expert-bias update to log expert load; it
+    depends on nothing above (``verl_onpolicy_logprob`` wraps forward_backward_batch, which update_policy calls).
 """
 
 from __future__ import annotations
@@ -200,6 +202,20 @@ PATCHES: tuple[PatchSpec, ...] = (
             for method, params in _WORKER_STAGE_PARAMS.items()
         ),
         requires=MappingProxyType({"verl": "0.6.1"}),
+        processes=("worker",),
+    ),
+    PatchSpec(
+        name="verl_moe_expert_load",
+        targets=(
+            Target(
+                "megatron.core.distributed.finalize_model_grads",
+                "get_updated_expert_bias",
+                "megatron-core",
+                params=("tokens_per_expert", "expert_bias", "expert_bias_update_rate"),
+            ),
+            Target(_ACTOR, "MegatronPPOActor.update_policy", "verl", params=("self", "dataloader")),
+        ),
+        requires=MappingProxyType({"verl": "0.6.1", "megatron-core": "0.12.1"}),
         processes=("worker",),
     ),
 )

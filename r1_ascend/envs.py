@@ -55,6 +55,10 @@ R1_ASCEND_REHEARSE_SEED = "R1_ASCEND_REHEARSE_SEED"
 #: ``NAME@SYNC``: the CPU rehearsal's rollout engine plants that fault (r1_ascend.rehearse.rollout_faults) into its
 #: SYNC-th weight sync (``r1-ascend rehearse --rollout-fault``). Unset: none.
 R1_ASCEND_REHEARSE_ROLLOUT_FAULT = "R1_ASCEND_REHEARSE_ROLLOUT_FAULT"
+#: ``dead-expert@LAYER:EXPERT``: the CPU rehearsal's actor and reference get that expert's router bias at -inf once
+#: their weights are loaded, so no token is ever routed to it (``r1-ascend rehearse --fault dead-expert``). Unset:
+#: none.
+R1_ASCEND_REHEARSE_ACTOR_FAULT = "R1_ASCEND_REHEARSE_ACTOR_FAULT"
 
 _TRUE = {"1", "true", "yes", "on"}
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -141,6 +145,11 @@ def rehearse_seed(environ: Mapping[str, str] | None = None) -> int:
 def rehearse_rollout_fault(environ: Mapping[str, str] | None = None) -> str | None:
     """The rollout fault the rehearsal's engine plants (``NAME@SYNC``), or None."""
     return _env(environ).get(R1_ASCEND_REHEARSE_ROLLOUT_FAULT) or None
+
+
+def rehearse_actor_fault(environ: Mapping[str, str] | None = None) -> str | None:
+    """The fault the rehearsal plants into the actor's model (``dead-expert@LAYER:EXPERT``), or None."""
+    return _env(environ).get(R1_ASCEND_REHEARSE_ACTOR_FAULT) or None
 
 
 def rehearse_dir(environ: Mapping[str, str] | None = None) -> str | None:

@@ -17,7 +17,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,15 +110,10 @@ class Watchdog:
         except Exception as exc:
             logger.warning("r1-ascend watchdog: the monitor did not answer (%s)", exc)
             return False
-        stall = find_stall(self.beats, self.config)
-        suspects = [b for b in self.beats if b.silent_s > SUSPECT_BEATS * BEAT_S]
-        if stall is not None:
-            self.lost = probe(stall.culprits, PROBE_S) if stall.kind == "silent" else []
-            self.stall = stall
-        elif suspects:
-            self.lost = [found for found in probe(suspects, PROBE_S) if found.dead]
-        if stall is None and not self.lost:
+        stall, lost = stop_decision(self.beats, self.config)
+        if stall is None and not lost:
             return False
+        self.stall, self.lost = stall, lost
         logger.error("r1-ascend watchdog: stopping the run: %s", self.reason())
         kill_workers(self.beats)
         return True
@@ -136,6 +131,23 @@ class Watchdog:
         with contextlib.suppress(Exception):
             self.beats = ray.get(self.monitor.snapshot.remote(), timeout=10)
         return self.beats
+
+
+def stop_decision(
+    beats: list[Beat], config: WatchdogConfig, ask: Callable[[list[Beat]], list[Lost]] | None = None
+) -> tuple[Stall | None, list[Lost]]:
+    """One look's decision on the workers' heartbeats: the stall to stop the run for and the workers found lost;
+    ``(None, [])`` to go on watching. ``ask`` probes workers (default: :func:`probe` through Ray).
+
+    A stall (rules.watchdog.find_stall) stops the run; its silent workers are probed to tell dead from stuck. A
+    worker silent for more than ``SUSPECT_BEATS`` beats but not yet ``silence_s`` stops it only when the probe
+    finds it dead: alive but silent (a slow host, a long call) is left to the silence limit."""
+    ask = ask or (lambda suspects: probe(suspects, PROBE_S))
+    stall = find_stall(beats, config)
+    if stall is not None:
+        return stall, (ask(list(stall.culprits)) if stall.kind == "silent" else [])
+    suspects = [b for b in beats if b.silent_s > SUSPECT_BEATS * BEAT_S]
+    return None, ([found for found in ask(suspects) if found.dead] if suspects else [])
 
 
 def kill_workers(beats: list[Beat]) -> None:

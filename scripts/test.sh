@@ -1,10 +1,21 @@
 #!/usr/bin/env bash
-# Set up the CPU test environment (idempotent) and run the checks CI runs: ruff, shellcheck, pytest.
+# Set up the CPU test environment (idempotent) and run the checks: ruff, shellcheck, pytest.
+#
+#   bash scripts/test.sh [pytest args]         the fast tier: every test not marked slow (no Ray cluster, no
+#                                              rehearsal, no end-to-end conversion or model run)
+#   bash scripts/test.sh --all [pytest args]   the full tier, what CI runs: every test, slow ones included
+#
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh tests/patches -k offload`.
 set -euo pipefail
 
 # shellcheck source=scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+tier=(-m "not slow")
+if [[ "${1:-}" == "--all" ]]; then
+    tier=()
+    shift
+fi
 
 bash scripts/setup_cpu_env.sh
 
@@ -15,5 +26,5 @@ echo "test: ruff"
 echo "test: shellcheck"
 "${venv}/bin/shellcheck" scripts/*.sh .ci/run
 
-echo "test: pytest"
-"${venv}/bin/python" -m pytest "$@"
+echo "test: pytest (${tier[*]:-all tests})"
+"${venv}/bin/python" -m pytest "${tier[@]}" "$@"

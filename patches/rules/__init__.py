@@ -12,5 +12,6 @@ checks import the same functions, so each rule has exactly one definition:
 - ``group_routing``: the Megatron actor's DeepSeek-V3 group-limited routing against the rollout's
   (``verl_dpskv3_group_routing``);
 - ``checkpoints``: which ``global_step_N`` checkpoints are complete, which one a resume takes and which ones may be
-  deleted (``verl_checkpoint_integrity``).
+  deleted (``verl_checkpoint_integrity``);
+- ``expert_load``: the MoE actor's per-layer expert-load statistics and their metric names (``verl_moe_expert_load``).
 """

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from r1_ascend.launch.overlays import SMOKE_OVERLAY
+from r1_ascend.launch.routing_prompts import calibration_sets
 from r1_ascend.launch.smoke_model import SMOKE_CONVERT_LAYOUT, sample_path, smoke_overrides
 
 DEFAULT_OUTPUT = Path("outputs/quickstart")
@@ -41,13 +42,19 @@ def prepare_data(out: Path) -> str:
 
 
 def make_checkpoint(out: Path, dims: str) -> str:
+    """The synthetic FP8 checkpoint. With the tiny dimensions its routers are balanced on the prompts its runs read
+    (r1_ascend.launch.routing_prompts), so every expert and every expert-parallel rank gets tokens; DeepSeek-V3's
+    dimensions (5.7 B parameters) are too large to calibrate on a host, and start with a zero expert bias that the
+    run's own bias update moves."""
     from r1_ascend.weights.tiny import make_tiny
 
     if (out / "config.json").is_file() and (out / "model.safetensors.index.json").is_file():
         return f"reused {out}"
     shard = 400_000 if dims == "tiny" else 4 * 1024**3
-    made = make_tiny(out, config_overrides=smoke_overrides(dims), max_shard_bytes=shard)
-    return f"{made.total_size / 1e6:.1f} MB FP8 checkpoint in {out}"
+    prompts = calibration_sets() if dims == "tiny" else ()
+    made = make_tiny(out, config_overrides=smoke_overrides(dims), max_shard_bytes=shard, routing_prompts=prompts)
+    balanced = f", routers balanced on {sum(map(len, prompts))} prompts" if prompts else ""
+    return f"{made.total_size / 1e6:.1f} MB FP8 checkpoint in {out}{balanced}"
 
 
 def convert(src: Path, out: Path) -> str:

@@ -54,14 +54,16 @@ class Plan:
 
     nodes: int = 2
     npus_per_node: int = 1
-    total_steps: int = 8
-    save_freq: int = 4
-    test_freq: int = 4
+    total_steps: int = 10
+    save_freq: int = 5
+    test_freq: int = 5
     prompts_per_step: int = 8
-    samples_per_prompt: int = 4
+    samples_per_prompt: int = 8
     response_length: int = 8
     actor_ep: int = 2
     lr: float = 3e-3
+    #: megatron-core's moe_router_bias_update_rate (verl's DeepSeek-V3 converter: 0.001; see overrides())
+    bias_update_rate: float = 0.05
     #: trainer.max_actor_ckpt_to_keep (None: every checkpoint of the run is kept)
     max_ckpt_to_keep: int | None = None
     #: the mean reward of the last 3 steps must exceed that of the first 3 by this much (None: not checked)
@@ -73,6 +75,8 @@ class Plan:
     guard_levels: str = "cpu"
     #: ``NAME@SYNC``: the CPU rollout engine plants that fault (r1_ascend.rehearse.rollout_faults); None: none
     rollout_fault: str | None = None
+    #: ``dead-expert@LAYER:EXPERT``: the actor's and reference's model get that fault once loaded; None: none
+    actor_fault: str | None = None
     #: Hydra overrides on top of the rehearsal's own (``rehearse --fault NAME key=value ...``), e.g. a feature off
     overrides: tuple[str, ...] = ()
 
@@ -121,8 +125,14 @@ def overrides(plan: Plan, inputs: Inputs, out: Path, repo_root: Path) -> list[st
         "~actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity",
         "~actor_rollout_ref.actor.megatron.override_transformer_config.recompute_method",
         "~actor_rollout_ref.actor.megatron.override_transformer_config.recompute_num_layers",
-        # the toy task learns in a dozen steps at this rate (benchmarks/toy_task_bench.py sized it)
+        # the toy task learns in ten steps at this rate (benchmarks/toy_task_bench.py sized it)
         f"actor_rollout_ref.actor.optim.lr={plan.lr}",
+        # the expert bias must keep the routing balanced against what this lr does to the hidden states: Adam moves
+        # every weight by about lr per step, 3000 times the 671B config's 1e-6, and at verl's 0.001 the bias fell
+        # behind (an expert-parallel rank down to 7 % of a layer's tokens once the policy had converged); at 0.05
+        # every rank kept at least a fifth in every layer and step (docs/launch.md, "Toy task")
+        "+actor_rollout_ref.actor.megatron.override_transformer_config.moe_router_bias_update_rate="
+        f"{plan.bias_update_rate}",
         # host offload of parameters and grads: device memory management, nothing to gain on the host
         "actor_rollout_ref.actor.megatron.param_offload=false",
         "actor_rollout_ref.actor.megatron.grad_offload=false",
@@ -168,6 +178,11 @@ def overrides(plan: Plan, inputs: Inputs, out: Path, repo_root: Path) -> list[st
         # an address of its own attaches to that node's raylet, and losing that node took the driver's actors
         # (the TaskRunner, "Owner's node has crashed") with it
         f"+ray_kwargs.ray_init._node_ip_address={node_ip(0)}",
+        *(
+            [f"+ray_kwargs.ray_init.runtime_env.env_vars.{envs.R1_ASCEND_REHEARSE_ACTOR_FAULT}='{plan.actor_fault}'"]
+            if plan.actor_fault
+            else []
+        ),
         f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES={STANDINS_MODULE}",
         f"+ray_kwargs.ray_init.runtime_env.env_vars.{envs.R1_ASCEND_REHEARSE_DIR}={out / 'lifecycle'}",
         f"+ray_kwargs.ray_init.runtime_env.env_vars.TENSORBOARD_DIR={out / 'tensorboard'}",

@@ -38,6 +38,8 @@ from r1_ascend.rehearse.lifecycle import read_lifecycle
 FAULTS = ("kill-during-save", "disk-full", "corrupt-latest")
 #: The process faults (r1_ascend.rehearse.process_faults), planted in the same short plan as kill-during-save.
 PROCESS_FAULTS = ("kill-actor-worker", "kill-rollout", "hang", "node-loss")
+#: The MoE faults (r1_ascend.rehearse.moe_fault_run): no process fails; the rehearsal's expert verdicts must.
+MOE_FAULTS = ("dead-expert", "stale-bias")
 #: Largest file a worker may write under ``disk-full`` (a rank's shard of the rehearsal's model is ~21 MB; its logs
 #: stay well below this).
 FSIZE_LIMIT = 4 * 1024 * 1024

@@ -9,6 +9,9 @@ same temperature, and the guard's statistics (:class:`r1_ascend.patches.rules.ro
 the two. Then the actor takes a GRPO-style step (group-normalised toy-task rewards, Adam), so the policy moves as
 it does in the rehearsal and the stale-weight faults have a previous step to be stale against.
 
+After each update megatron-core's own expert-bias update runs (``_update_router_expert_bias``, what
+``finalize_model_grads`` calls) at the rehearsal's rate, so the routing follows the rehearsal's too.
+
 What differs from the rehearsal's loop: one rank (no EP; the rehearsal's EP 2 gives the same logits, issue
 measurements in docs/benchmarks.md), torch Adam on the model's parameters instead of Megatron's distributed
 optimizer, no PPO clipping or KL term. The rollout side and the statistic are the rehearsal's.
@@ -39,8 +42,10 @@ class Setup:
     seed: int = 0
     lr: float = 3e-3
     prompts: int = 8
-    samples: int = 4
+    samples: int = 8
     response_length: int = 8
+    #: megatron-core's moe_router_bias_update_rate, as the rehearsal sets it (r1_ascend.rehearse.config.Plan)
+    bias_update_rate: float = 0.05
 
 
 @dataclass
@@ -106,6 +111,7 @@ class Loop:
         answers = [rows[i]["reward_model"]["ground_truth"] for i in chosen]
         params = [p for chunk in actor for p in chunk.parameters() if p.requires_grad]
         optimizer = torch.optim.Adam(params, lr=setup.lr, foreach=False)
+        tf_config.moe_router_bias_update_rate = setup.bias_update_rate
         return cls(setup, actor, hf_config, tf_config, engine, optimizer, tokenizer, prompts, answers)
 
     def export(self) -> dict[str, torch.Tensor]:
@@ -169,6 +175,12 @@ class Loop:
         self.optimizer.zero_grad()
         loss.backward()
         self.optimizer.step()
+        if self.tf_config.moe_router_enable_expert_bias:
+            import importlib
+
+            # the module, not the function megatron.core.distributed re-exports under its name
+            finalize = importlib.import_module("megatron.core.distributed.finalize_model_grads")
+            finalize._update_router_expert_bias(self.actor, self.tf_config)
 
 
 @dataclass

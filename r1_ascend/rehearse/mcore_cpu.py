@@ -751,20 +751,27 @@ def _install_optimizer_state_step() -> None:
 
     DistributedOptimizer._set_main_param_and_optimizer_states = set_states_keeping_step
 
-    load_state_dict = DistributedOptimizer.load_state_dict
+    DistributedOptimizer.load_state_dict = with_own_adam_steps(DistributedOptimizer.load_state_dict)
+
+
+def with_own_adam_steps(load_state_dict: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """``DistributedOptimizer.load_state_dict`` (``load_state_dict``), after which every Adam state of
+    ``self.optimizer`` holds a ``step`` tensor of its own.
+
+    distrib_optimizer.py:740-743 puts one ``step`` tensor into every parameter's state; torch's Adam then
+    increments it in place once per parameter, so the bias correction after a resume runs ahead by the number of
+    parameters. Each state gets its own copy, as Adam's own initialisation gives it."""
+    import functools
 
     @functools.wraps(load_state_dict)
     def load_state_dict_own_steps(self: Any, state_dict: Any) -> Any:
-        """distrib_optimizer.py:740-743 puts one ``step`` tensor into every parameter's state; torch's Adam then
-        increments it in place once per parameter, so the bias correction after a resume runs ahead by the number
-        of parameters. Each state gets its own copy, as Adam's own initialisation gives it."""
         result = load_state_dict(self, state_dict)
         for state in self.optimizer.state.values():
             if torch.is_tensor(state.get("step")):
                 state["step"] = state["step"].clone()
         return result
 
-    DistributedOptimizer.load_state_dict = load_state_dict_own_steps
+    return load_state_dict_own_steps
 
 
 def _install_distributed_optimizer_type_check() -> None:

@@ -35,6 +35,9 @@ class RolloutFault:
     what: str
     #: (engine, this sync's weights, the previous sync's weights, probe prompts) -> the sync that happens instead
     plant: Callable[[Any, Weights, Weights, list[list[int]]], Sync]
+    #: planted into every sync from the first one on, "previous" staying the weights of the sync before it (a stale
+    #: part of the engine that never catches up); otherwise into that one sync only
+    persistent: bool = False
 
 
 def _layer(name: str) -> int | None:
@@ -118,6 +121,31 @@ def _expert_transposed(engine: Any, weights: Weights, _previous: Weights, probe:
     return Sync(scrambled)
 
 
+def _expert_negated(engine: Any, weights: Weights, _previous: Weights, probe: list[list[int]]) -> Sync:
+    """One expert's down projection with its sign flipped: the expert's output reversed (a sign or scale lost in a
+    layout conversion); shapes and magnitudes are unchanged."""
+    layer, expert, _partner = typical_expert(engine, probe)
+    name = f"model.layers.{layer}.mlp.experts.{expert}.down_proj.weight"
+    negated = dict(weights)
+    negated[name] = -weights[name]
+    return Sync(negated)
+
+
+def bias_names(weights: Mapping[str, torch.Tensor]) -> list[str]:
+    """The routers' expert-bias tensors of a sync (HF names)."""
+    return [name for name in weights if name.endswith(".mlp.gate.e_score_correction_bias")]
+
+
+def _stale_bias(_engine: Any, weights: Weights, previous: Weights, _probe: list[list[int]]) -> Sync:
+    """Every expert bias kept at the value of the sync before the fault: a sync that carries parameters only (the
+    bias is a megatron-core buffer, exported from the state_dict, not named_parameters), or an engine that reads it
+    once at start-up. The engine then routes with a bias the actor has moved away from."""
+    stale = dict(weights)
+    for name in bias_names(weights):
+        stale[name] = previous[name]
+    return Sync(stale)
+
+
 def _kv_b_proj_halves(engine: Any, weights: Weights, _previous: Weights, _probe: list[list[int]]) -> Sync:
     """One layer's ``kv_b_proj`` with the two halves of its output rows swapped (a split/merge layout bug)."""
     name = f"model.layers.{_moe_layer(engine)}.self_attn.kv_b_proj.weight"
@@ -161,9 +189,16 @@ FAULTS: Mapping[str, RolloutFault] = {
     for f in (
         RolloutFault("not-synced", "weights not synced for a step (the engine keeps the previous step's)", _not_synced),
         RolloutFault("stale-layers", "the last two layers left at the previous step's weights", _stale_layers),
-        RolloutFault("expert-swap", "experts 0 and 1 of the first MoE layer swapped", _expert_swap),
+        RolloutFault("expert-swap", "a typical expert of the first MoE layer swapped with another", _expert_swap),
         RolloutFault(
             "expert-transposed", "one expert's down_proj transposed in memory (same shape)", _expert_transposed
+        ),
+        RolloutFault("expert-negated", "one expert's down_proj with its sign flipped", _expert_negated),
+        RolloutFault(
+            "stale-bias",
+            "the routers' expert bias kept at its value before the fault, in this sync and every later one",
+            _stale_bias,
+            persistent=True,
         ),
         RolloutFault("kv-b-proj-halves", "kv_b_proj of one layer with its output halves swapped", _kv_b_proj_halves),
         RolloutFault(
@@ -223,6 +258,8 @@ class Planter:
         self.llm, self.fault, self.at_sync = llm, fault, at_sync
         self.syncs = 0
         self.previous: Weights | None = None
+        #: a persistent fault's "previous" weights: those of the sync before it was first planted
+        self.before_fault: Weights | None = None
         self.planted_in: int | None = None
         self._load = llm.model.load_weights
         llm.model.load_weights = self.load_weights
@@ -231,14 +268,21 @@ class Planter:
         current = {name: tensor.detach().clone() for name, tensor in weights}
         self.syncs += 1
         planned = Sync(current)
-        if self.syncs == self.at_sync:
-            planned = self.fault.plant(self.llm, current, self.previous or current, list(self.llm.last_prompts))
-            self.planted_in = self.syncs
+        if self.syncs == self.at_sync or (self.fault.persistent and self.syncs > self.at_sync):
+            if self.fault.persistent and self.syncs > self.at_sync:
+                previous = self.before_fault or current
+            else:
+                previous = self.previous or current
+                self.before_fault = previous
+            planned = self.fault.plant(self.llm, current, previous, list(self.llm.last_prompts))
+            if self.planted_in is None:
+                self.planted_in = self.syncs
+                print(
+                    f"rollout fault: planted {self.fault.name} ({self.fault.what}) in weight sync {self.syncs}",
+                    flush=True,
+                )
             if not planned.recompute_mla:
                 self._keep_mla_matrices()
-            print(
-                f"rollout fault: planted {self.fault.name} ({self.fault.what}) in weight sync {self.syncs}", flush=True
-            )
         self.previous = current
         return self._load(planned.weights.items())
 

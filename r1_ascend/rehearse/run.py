@@ -37,11 +37,11 @@ from pathlib import Path
 
 import psutil
 
-from r1_ascend.rehearse import training
+from r1_ascend.rehearse import expert_checks, training
 from r1_ascend.rehearse.budget import RssSampler
 from r1_ascend.rehearse.config import Plan, driver_command, node_ip
 from r1_ascend.rehearse.export import ExportError, export
-from r1_ascend.rehearse.faults import FAULTS, PROCESS_FAULTS, FaultError, plan_for
+from r1_ascend.rehearse.faults import FAULTS, MOE_FAULTS, PROCESS_FAULTS, FaultError, plan_for
 from r1_ascend.rehearse.inputs import make_inputs
 from r1_ascend.rehearse.lifecycle import (
     LifecycleError,
@@ -418,8 +418,15 @@ def judge_training(out: Path, logs: list[Path], plan: Plan) -> dict[str, object]
     curve = training.reward_curve(metrics)
     if plan.min_reward_rise is not None:
         training.check_learning(curve, plan.min_reward_rise)
+        training.check_learning_holds(curve)
+    events = read_lifecycle(out / "lifecycle")
+    try:
+        moe = expert_checks.judge(events)
+    except expert_checks.ExpertLoadError as exc:
+        raise expert_checks.ExpertLoadError(f"{exc}; records: {out / 'lifecycle'}") from exc
     return {
-        "model": model_summary(read_lifecycle(out / "lifecycle")),
+        "model": model_summary(events),
+        "moe": moe,
         "reward": {"first": round(curve.first, 3), "last": round(curve.last, 3), "window": curve.window},
         "reward_curve": {step: round(value, 4) for step, value in curve.rewards.items()},
         "rollout_actor_gap_max": training.max_gap(metrics),
@@ -579,9 +586,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--fault",
-        choices=(*FAULTS, *PROCESS_FAULTS),
+        choices=(*FAULTS, *PROCESS_FAULTS, *MOE_FAULTS),
         help="plant one checkpoint or process fault in a shorter run (2 or 3 steps) and check the run stops clearly "
-        "within its bound, leaves no process, and resumes from the last complete checkpoint (docs/launch.md, Faults)",
+        "within its bound, leaves no process, and resumes from the last complete checkpoint; or a MoE fault "
+        "(dead-expert, stale-bias) the expert verdicts must catch (docs/launch.md, Faults)",
     )
     parser.add_argument(
         "--resume",
@@ -591,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--rollout-fault",
-        choices=sorted(ROLLOUT_FAULTS),
+        choices=sorted(name for name, fault in ROLLOUT_FAULTS.items() if not fault.persistent),
         help="plant a rollout fault in the engine's second weight sync of a 2-step run; the rollout guard must stop "
         "the run in that step (docs/rollout_guard.md)",
     )
@@ -640,6 +648,13 @@ def main(argv: list[str] | None = None) -> int:
 
                 plan = rollout_plan(args.rollout_fault, plan)
                 summary = rehearse_rollout_fault(out, args.rollout_fault, plan, sampler, weights)
+            elif args.fault in MOE_FAULTS:
+                from r1_ascend.rehearse.moe_fault_run import plan_for as moe_plan
+                from r1_ascend.rehearse.moe_fault_run import print_moe_fault_summary as show
+                from r1_ascend.rehearse.moe_fault_run import rehearse_moe_fault
+
+                plan = moe_plan(args.fault, plan)
+                summary = rehearse_moe_fault(out, args.fault, plan, sampler, weights)
             elif args.fault:
                 from r1_ascend.rehearse.fault_run import print_fault_summary as show
                 from r1_ascend.rehearse.fault_run import rehearse_fault
@@ -648,7 +663,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 show = print_summary
                 summary = rehearse(out, plan, sampler, weights)
-        except (LifecycleError, FaultError) as exc:
+        except (LifecycleError, FaultError, expert_checks.ExpertLoadError) as exc:
             print(f"rehearse: failed: {exc}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:
@@ -695,6 +710,7 @@ def print_summary(summary: dict[str, object]) -> None:
         f"over the last {reward['window']} ({len(curve)} steps: {', '.join(f'{v:.2f}' for v in curve.values())})"
     )
     print(f"  rollout-actor gap: {summary['rollout_actor_gap_max']:.2e} nat (largest step mean |Δ log-prob|)")
+    print_moe(summary["moe"])
     exported = summary["export"]
     assert isinstance(exported, dict)
     print(
@@ -707,6 +723,25 @@ def print_summary(summary: dict[str, object]) -> None:
         f"{summary['processes_sampled']} processes; at one moment at most {summary['concurrent_peak_pss_gib']} GiB "
         f"in use (PSS; {summary['concurrent_peak_rss_gib']} GiB summing RSS, which counts shared pages per process)"
     )
+
+
+def print_moe(moe: object) -> None:
+    """The MoE verdicts' figures (r1_ascend.rehearse.expert_checks)."""
+    assert isinstance(moe, dict)
+    experts = moe["experts"]
+    print(
+        f"  experts:           every expert of {experts['layers']} MoE layers routed "
+        f"(fewest tokens of an expert over the run: {experts['fewest_tokens']:g}); smallest expert-parallel rank "
+        f"share {moe['smallest_ep_share']:.1%} of a layer's tokens in a step"
+    )
+    moves = ", ".join(f"{m['step']}: {m['largest_bias_change']:.4f}" for m in moe["bias_moves"])
+    print(f"  expert bias moved: largest change per step {moves}")
+    follows = ", ".join(
+        f"{d['after_update_of_step']}: {d['engine_vs_actor']:.1g} "
+        f"(actor's moved {d['actor_moved_since_first_update']:.3f})"
+        for d in moe["engine_bias"]
+    )
+    print(f"  engine bias:       |engine - actor| at the syncs after the update of step {follows}")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,11 @@ transformers' DeepSeek-V3 behind ``vllm.LLM`` (:mod:`r1_ascend.rehearse.cpu_engi
 actor. The list, with why, is :data:`STAND_INS` (docs/launch.md prints it).
 
 It also records, per worker process, the rollout lifecycle calls the worker makes (``lifecycle-<pid>.log`` under
-``R1_ASCEND_REHEARSE_DIR``) so the rehearsal can assert their order.
+``R1_ASCEND_REHEARSE_DIR``) so the rehearsal can assert their order, each actor update's expert load and expert
+bias (patch ``verl_moe_expert_load``'s listener) and the rollout engine's expert bias after every weight sync, so
+the rehearsal can check that every expert is used and that the engine follows the actor's bias
+(:mod:`r1_ascend.rehearse.expert_checks`). With ``R1_ASCEND_REHEARSE_ACTOR_FAULT`` set it plants that fault into
+the actor's and the reference's model once their weights are loaded.
 """
 
 from __future__ import annotations
@@ -110,9 +114,25 @@ def _recorded(name: str, method: Any) -> Any:
     async def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         tags = kwargs.get("tags", args[0] if args and name == "resume" else None)
         _record(f"{name}({','.join(tags)})" if tags else name)
-        return await method(self, *args, **kwargs)
+        result = await method(self, *args, **kwargs)
+        if name == "update_weights":
+            _record_engine_bias(self)
+        return result
 
     return wrapper
+
+
+def _record_engine_bias(rollout: Any) -> None:
+    """The expert bias of every MoE layer of the rollout engine's model, as the sync just left it."""
+    from r1_ascend.patches.impl.rollout_vllm import EngineParts
+    from r1_ascend.weights.router_balance import moe_routers
+
+    model = EngineParts.locate(rollout.inference_engine).model
+    bias = {
+        str(layer): router.e_score_correction_bias.detach().float().tolist()
+        for layer, router in moe_routers(model).items()
+    }
+    _record("engine_bias", bias=bias)
 
 
 def _record_lifecycle() -> None:
@@ -196,8 +216,76 @@ def _record_stages() -> None:
         verl_worker_watchdog.STAGE_LISTENERS.append(_record_stage)
 
 
+#: The training step of the update under way in this worker (its stage record), for the expert-load record.
+_update_step: list[int | None] = [None]
+
+
 def _record_stage(stage: str, phase: str, step: int | None) -> None:
     _record("stage", stage=stage, phase=phase, step=step)
+    if stage == "update_actor" and phase == "enter":
+        _update_step[0] = step
+
+
+def _record_expert_load() -> None:
+    """Each actor update's expert load and bias (patch verl_moe_expert_load's listener)."""
+    from r1_ascend.patches import verl_moe_expert_load
+
+    if _record_load not in verl_moe_expert_load.LOAD_LISTENERS:
+        verl_moe_expert_load.LOAD_LISTENERS.append(_record_load)
+
+
+def _record_load(load: Any) -> None:
+    import torch.distributed as dist
+
+    _record(
+        "expert_load",
+        step=_update_step[0],
+        rank=dist.get_rank() if dist.is_initialized() else 0,
+        ep=load.ep_size,
+        optimizer_steps=load.optimizer_steps,
+        tokens={str(layer): tokens for layer, tokens in load.tokens.items()},
+        bias={str(layer): bias for layer, bias in load.bias.items()},
+    )
+
+
+def _plant_actor_fault() -> None:
+    """``R1_ASCEND_REHEARSE_ACTOR_FAULT=dead-expert@LAYER:EXPERT``: after verl loads the actor's (and the
+    reference's) weights, that expert's router bias is -inf, so megatron-core never routes a token to it; the export
+    carries the bias to the rollout engine, which then skips the expert too."""
+    spec = envs.rehearse_actor_fault()
+    if spec is None:
+        return
+    import verl.workers.megatron_workers as megatron_workers
+
+    layer, expert = parse_dead_expert(spec)
+    load = megatron_workers.load_mcore_dist_weights
+    if getattr(load, "__r1_rehearse__", False):
+        return
+
+    @functools.wraps(load)
+    def load_mcore_dist_weights(parallel_model: Any, *args: Any, **kwargs: Any) -> Any:
+        result = load(parallel_model, *args, **kwargs)
+        from r1_ascend.patches.verl_moe_expert_load import stage_routers
+
+        for router in stage_routers(parallel_model):
+            if int(router.layer_number) - 1 == layer:
+                with torch.no_grad():
+                    router.expert_bias[expert] = float("-inf")
+                _record("actor_fault", fault="dead-expert", layer=layer, expert=expert)
+        return result
+
+    load_mcore_dist_weights.__r1_rehearse__ = True
+    megatron_workers.load_mcore_dist_weights = load_mcore_dist_weights
+
+
+def parse_dead_expert(spec: str) -> tuple[int, int]:
+    """``dead-expert@LAYER:EXPERT`` -> (layer, expert), layers numbered as in the checkpoint."""
+    name, _, where = spec.partition("@")
+    layer, _, expert = where.partition(":")
+    if name != "dead-expert" or not layer.isdigit() or not expert.isdigit():
+        msg = f"{envs.R1_ASCEND_REHEARSE_ACTOR_FAULT}={spec!r}: expected dead-expert@LAYER:EXPERT, e.g. dead-expert@2:5"
+        raise ValueError(msg)
+    return int(layer), int(expert)
 
 
 # --- install ------------------------------------------------------------------------------------------------------
@@ -220,6 +308,8 @@ def install() -> None:
     _record_checkpoint_loads()
     _record_models()
     _record_stages()
+    _record_expert_load()
+    _plant_actor_fault()
     _record("stand-ins installed")
 
 

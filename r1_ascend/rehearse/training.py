@@ -79,6 +79,42 @@ def check_learning(curve: Curve, min_rise: float) -> None:
         )
 
 
+@dataclass(frozen=True)
+class Learning:
+    """What a learning rehearsal's reward curve must show besides its rise: it starts near the random model's base
+    rate, ends well above it, and once learning is under way it never falls back to where it started (a step below
+    the first window's mean is a run that unlearned, however its last steps end)."""
+
+    first_at_most: float = 0.35
+    last_at_least: float = 0.7
+    steady_from: int = 5
+
+
+LEARNING = Learning()
+
+
+def check_learning_holds(curve: Curve, learning: Learning = LEARNING) -> None:
+    """The curve meets ``learning``: first-window mean at most ``first_at_most``, last-window mean at least
+    ``last_at_least``, and no step from ``steady_from`` on below the first-window mean."""
+    shown = ", ".join(f"{step}: {value:.2f}" for step, value in curve.rewards.items())
+    if curve.first > learning.first_at_most:
+        raise TrainingError(
+            f"the reward started at {curve.first:.3f} over the first {curve.window} steps, above the "
+            f"{learning.first_at_most} a random model earns: the task is too easy to show learning; curve: {shown}"
+        )
+    if curve.last < learning.last_at_least:
+        raise TrainingError(
+            f"the reward reached only {curve.last:.3f} over the last {curve.window} steps (at least "
+            f"{learning.last_at_least} expected); curve: {shown}"
+        )
+    fallen = [step for step, value in curve.rewards.items() if step >= learning.steady_from and value < curve.first]
+    if fallen:
+        raise TrainingError(
+            f"the reward fell below its first-{curve.window}-step mean {curve.first:.3f} at step(s) "
+            f"{', '.join(map(str, fallen))} (from step {learning.steady_from} on it must stay above); curve: {shown}"
+        )
+
+
 def check_gradients(steps: dict[int, dict[str, float]]) -> None:
     """Gradients flowed: the actor's grad norm is positive at some step (all-zero advantages give exactly 0)."""
     norms = [metrics.get(GRAD_NORM, 0.0) for metrics in steps.values()]

@@ -12,6 +12,7 @@ import logging
 import sys
 from pathlib import Path
 
+from r1_ascend.patches.rules import expert_load
 from r1_ascend.report import metric_names as mn
 from r1_ascend.report.compare import (
     DEFAULT_STAGE_FLOOR_S,
@@ -39,6 +40,11 @@ _RUN_LIMITS = (
     ("max_step_time_increase", f"largest allowed relative increase of mean {mn.STEP_TIME}"),
     ("max_memory_increase_gb", f"largest allowed increase of peak {mn.MAX_MEMORY_ALLOCATED_GB} in GiB"),
     ("max_reward_diff", f"largest allowed absolute difference of mean {mn.REWARD_MEAN}, either direction"),
+    (
+        "max_expert_load_increase",
+        f"largest allowed relative increase of mean {expert_load.WORST['max_over_mean']} (MoE runs; skipped when "
+        "neither run logs it)",
+    ),
 )
 
 
@@ -253,6 +259,7 @@ def _run_comparison(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         args.max_reward_diff,
         _stage_limits(args.max_stage_increase),
         args.stage_noise_floor_s or 0.0,
+        max_expert_load_increase=args.max_expert_load_increase,
     )
     baseline = _load(args.baseline, args, "baseline")
     candidate = _load(args.candidate, args, "candidate")

@@ -1,7 +1,10 @@
 """Baseline-versus-candidate regression check over a step window, for a cluster's CI.
 
 Defaults follow the regression-baseline convention of the Ascend verl recipes (steps 5–14; throughput −5 %,
-step time +5 %, peak memory +1 GB, reward ±0.05). Each check can be switched off.
+step time +5 %, peak memory +1 GB, reward ±0.05). A MoE run is also gated on its expert load (the worst layer's
+busiest expert over the mean, ``moe/max_over_mean``, +10 %): with expert parallelism the step waits for the busiest
+expert, so a rise is a throughput regression in the making. Runs in which neither side logs it (dense models, runs
+without patch ``verl_moe_expert_load``) skip that check. Each check can be switched off.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from r1_ascend.patches.rules import expert_load
 from r1_ascend.report import metric_names as mn
 from r1_ascend.report.run import RunData
 from r1_ascend.report.timing import Window, finite_mean, reshard_seconds
@@ -61,6 +65,7 @@ class Thresholds:
     # per stage: largest allowed relative increase of its mean time; an increase must also exceed the floor
     max_stage_increase: dict[str, float | None] = field(default_factory=_default_stage_limits)
     stage_floor_s: float = DEFAULT_STAGE_FLOOR_S
+    max_expert_load_increase: float | None = 0.10
 
 
 @dataclass
@@ -111,7 +116,15 @@ def _peak(run: RunData, key: str, window: Window) -> tuple[float | None, int]:
 RELATIVE_CHECKS: tuple[tuple[str, str, str, bool], ...] = (
     ("max_throughput_drop", "throughput (tokens/s per die, mean)", mn.THROUGHPUT_PER_DIE, True),
     ("max_step_time_increase", "step time (s, mean)", mn.STEP_TIME, False),
+    (
+        "max_expert_load_increase",
+        "expert load (worst layer's busiest/mean, mean)",
+        expert_load.WORST["max_over_mean"],
+        False,
+    ),
 )
+#: Metrics only some models log: a check on one is skipped when neither run logs it in the window.
+OPTIONAL_METRICS = frozenset({expert_load.WORST["max_over_mean"]})
 #: A metric's value over the window (mean or peak) and how many steps gave it.
 Reduce = Callable[[RunData, str, Window], tuple[float | None, int]]
 #: Whole-run checks on an absolute change: (Thresholds field, label, metric, mean or peak, either direction).
@@ -125,6 +138,10 @@ def compare_runs(baseline: RunData, candidate: RunData, window: Window, threshol
     results = []
     for field_name, label, key, worse_when_lower in RELATIVE_CHECKS:
         limit = getattr(thresholds, field_name)
+        if key in OPTIONAL_METRICS and not (
+            _window_values(baseline, key, window) or _window_values(candidate, key, window)
+        ):
+            continue  # a dense model, or a run without the metric's patch: nothing to compare
         if limit is not None:
             results.append(_relative_check(label, key, baseline, candidate, window, limit, worse_when_lower))
     for field_name, label, key, reduce, both_directions in ABSOLUTE_CHECKS:

@@ -77,8 +77,9 @@ def identical_to(series: dict[str, tuple[list[int], list[float]]]) -> dict[str, 
     return found
 
 
-def build_figure(title: str, panels: list[Panel], resume_steps: list[int]) -> Figure:
-    """A figure of stacked panels sharing the step axis; see the module docstring for the rules."""
+def build_figure(title: str, panels: list[Panel], resume_steps: list[int], x_label: str = "training step") -> Figure:
+    """A figure of stacked panels sharing the x axis (training steps, or ``x_label``: another integer axis such as
+    the layer, where no resume line is drawn); see the module docstring for the rules."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
@@ -139,7 +140,7 @@ def build_figure(title: str, panels: list[Panel], resume_steps: list[int]) -> Fi
         axes.set_ylabel(panel.ylabel)
         axes.grid(True, alpha=0.3)
         axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
-    axes_list[-1].set_xlabel("training step")
+    axes_list[-1].set_xlabel(x_label)
     axes_list[-1].xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are integers
     figure.suptitle(title)
     return figure

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from r1_ascend.patches.rules import expert_load
 from r1_ascend.patches.rules import rollout_guard as guard
 from r1_ascend.report import metric_names as mn
 from r1_ascend.report.figure_style import DPI, build_figure
@@ -46,6 +47,8 @@ class FigureSpec:
     title: str
     wanted: list[str]
     build: Callable[[RunData, int], list[Panel]]
+    #: the x axis when it is not the training step (the panels' "steps" are then its values; no resume lines)
+    x_label: str | None = None
 
 
 @dataclass
@@ -169,6 +172,56 @@ def _memory_panels(run: RunData, _dies: int) -> list[Panel]:
     return [Panel("GiB per device", _pick(run, [mn.MAX_MEMORY_ALLOCATED_GB, mn.MAX_MEMORY_RESERVED_GB]))]
 
 
+def _expert_load_panels(run: RunData, _dies: int) -> list[Panel]:
+    """The worst MoE layer of each step: how far its busiest expert is above the mean, experts without tokens, the
+    busiest expert-parallel rank's share, and which layer it was."""
+    worst = expert_load.WORST
+    return [
+        Panel("busiest expert / mean", _pick(run, [worst["max_over_mean"]])),
+        Panel("experts without tokens", _pick(run, [worst["experts_without_tokens"]])),
+        Panel("busiest EP rank's share", _pick(run, [worst["top_ep_share"]])),
+        Panel("worst layer", _pick(run, [expert_load.WORST_LAYER])),
+    ]
+
+
+def layer_series(run: RunData, statistic: str) -> dict[int, tuple[list[int], list[float]]]:
+    """Every logged ``moe/layer_NN/<statistic>`` series, by layer."""
+    found = {}
+    for key in sorted(run.keys()):
+        parsed = expert_load.split_layer_metric(key)
+        if parsed is not None and parsed[1] == statistic:
+            steps, values = run.series(key)
+            if steps:
+                found[parsed[0]] = (steps, values)
+    return dict(sorted(found.items()))
+
+
+def _by_layer(series: dict[int, tuple[list[int], list[float]]], pick: Callable[[list[float]], float]) -> tuple:
+    layers = list(series)
+    return layers, [pick(values) for _steps, values in series.values()]
+
+
+def _expert_load_layer_panels(run: RunData, _dies: int) -> list[Panel]:
+    """Per MoE layer (x axis): its load at the last logged step and its worst over the run."""
+    panels = []
+    for statistic, label in (("max_over_mean", "busiest expert / mean"), ("top_ep_share", "busiest EP rank's share")):
+        series = layer_series(run, statistic)
+        if not series:
+            continue
+        last_step = max(steps[-1] for steps, _ in series.values())
+        at_last = {layer: (s, v) for layer, (s, v) in series.items() if s[-1] == last_step}
+        panels.append(
+            Panel(
+                label,
+                {
+                    f"step {last_step}": _by_layer(at_last, lambda values: values[-1]),
+                    "worst step of the run": _by_layer(series, max),
+                },
+            )
+        )
+    return panels
+
+
 def _stage_panels(run: RunData, _dies: int) -> list[Panel]:
     keys = [
         mn.STEP_TIME,
@@ -216,6 +269,19 @@ FIGURES: tuple[FigureSpec, ...] = (
         "memory.png", "Peak device memory", [mn.MAX_MEMORY_ALLOCATED_GB, mn.MAX_MEMORY_RESERVED_GB], _memory_panels
     ),
     FigureSpec("stage_times.png", "Stage times", [mn.STEP_TIME, mn.GEN_TIME, mn.UPDATE_ACTOR_TIME], _stage_panels),
+    FigureSpec(
+        "expert_load.png",
+        "Expert load, worst MoE layer per step",
+        [expert_load.WORST["max_over_mean"], expert_load.WORST_LAYER],
+        _expert_load_panels,
+    ),
+    FigureSpec(
+        "expert_load_by_layer.png",
+        "Expert load per MoE layer",
+        [f"{expert_load.PREFIX}layer_<NN>/<statistic>"],
+        _expert_load_layer_panels,
+        x_label="MoE layer (checkpoint index)",
+    ),
 )
 
 
@@ -232,7 +298,11 @@ def write_figures(run: RunData, out_dir: Path, dies_per_card: int = DIES_PER_CAR
         result.missing = [k for k in spec.wanted if "<" not in k and " " not in k and "*" not in k]
         result.missing = [k for k in result.missing if not run.series(k)[0]]
         if plotted:
-            figure = build_figure(f"{run.name}: {spec.title}", [p for p in panels if p.series], resume_steps)
+            kept = [p for p in panels if p.series]
+            if spec.x_label is None:
+                figure = build_figure(f"{run.name}: {spec.title}", kept, resume_steps)
+            else:
+                figure = build_figure(f"{run.name}: {spec.title}", kept, [], x_label=spec.x_label)
             figure.savefig(out_dir / spec.filename, dpi=DPI, format="png")
             logger.info("wrote %s", out_dir / spec.filename)
             result.written = True

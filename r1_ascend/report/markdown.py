@@ -6,11 +6,12 @@ import math
 import os
 from pathlib import Path
 
+from r1_ascend.patches.rules import expert_load
 from r1_ascend.patches.rules import rollout_guard as guard
 from r1_ascend.report import metric_names as mn
 from r1_ascend.report.attempts import COMPLETED, DIED, Attempt
 from r1_ascend.report.compare import CheckResult, regressed_stages
-from r1_ascend.report.figures import FigureResult, guard_level_series
+from r1_ascend.report.figures import FigureResult, guard_level_series, layer_series
 from r1_ascend.report.run import RunData, problems_summary
 from r1_ascend.report.timing import COLUMNS, RESHARD_DERIVED, RESHARD_FROM_TIMER, TimingTable
 
@@ -108,6 +109,7 @@ def render_report(
         out.append("")
     out += _validation_section(run)
     out += _consistency_section(run)
+    out += _expert_load_section(run)
     out += _figures_section(figures)
     out += _samples_section(run)
     if run.problems:
@@ -285,10 +287,12 @@ def _consistency_section(run: RunData) -> list[str]:
         for key in guard_keys:
             steps, values = run.series(key)
             top = max(range(len(values)), key=lambda i: -math.inf if math.isnan(values[i]) else values[i])
+            # every logged value, NaN included (series() keeps the finite ones): a NaN statistic is never healthy
+            logged = {s: m[key] for s, m in sorted(run.steps.items()) if key in m}
             cells = []
             for what in ("warn", "stop"):
                 levels = dict(zip(*guard_level_series(run, key, what), strict=True))
-                above = [s for s, v in zip(steps, values, strict=True) if s in levels and not v <= levels[s]]
+                above = [s for s, v in logged.items() if s in levels and not v <= levels[s]]
                 cells.append((f"{levels[max(levels)]:g}" if levels else "–", _step_list(above) or "none"))
             (warn, over_warn), (stop, over_stop) = cells
             if warn == "–":
@@ -312,6 +316,37 @@ def _consistency_section(run: RunData) -> list[str]:
             top = max(range(len(values)), key=values.__getitem__)
             lines.append(f"| `{key}` | {values[-1]:.4g} | {values[top]:.4g} ({steps[top]}) |")
         lines.append("")
+    return lines
+
+
+def _expert_load_section(run: RunData) -> list[str]:
+    """Per MoE layer (patch verl_moe_expert_load): its load at the last step and its worst step of the run."""
+    by_statistic = {name: layer_series(run, name) for name in expert_load.LAYER_STATISTICS}
+    layers = sorted(set().union(*(series.keys() for series in by_statistic.values())))
+    if not layers:
+        return []
+    lines = [
+        "## Expert load",
+        "",
+        "Per MoE layer (numbered as in the checkpoint): the busiest expert's tokens over the mean (1 is perfect "
+        "balance), experts that received no token, and the busiest expert-parallel rank's share of the routed "
+        "tokens (balanced: 1 / EP); docs/report.md says what a healthy run shows.",
+        "",
+        "| layer | busiest / mean: last | worst (step) | experts without tokens: last | worst (step) "
+        "| busiest EP rank's share: last | worst (step) |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for layer in layers:
+        cells = []
+        for name in expert_load.LAYER_STATISTICS:
+            steps, values = by_statistic[name].get(layer, ([], []))
+            if not steps:
+                cells += [NOT_LOGGED, NOT_LOGGED]
+                continue
+            top = max(range(len(values)), key=lambda i: math.inf if math.isnan(values[i]) else values[i])
+            cells += [f"{values[-1]:.3g}", f"{values[top]:.3g} ({steps[top]})"]
+        lines.append(f"| {layer} | " + " | ".join(cells) + " |")
+    lines.append("")
     return lines
 
 

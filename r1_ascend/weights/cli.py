@@ -97,7 +97,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("path", type=Path, help="BF16 HF checkpoint directory")
     p.add_argument("--copy-side-files-from", type=Path, help="copy tokenizer/code files (never index or config)")
 
-    p = sub.add_parser("make-tiny", help="write a tiny synthetic DeepSeek-V3-shaped FP8 checkpoint")
+    p = sub.add_parser(
+        "make-tiny",
+        help="write a tiny synthetic DeepSeek-V3-shaped FP8 checkpoint (routers balanced on the shipped prompts)",
+    )
     p.add_argument("out", type=Path, help="output directory")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--size-bytes", type=int, default=0, help="instead of the tiny config, aim for this many bytes")
@@ -175,7 +178,10 @@ def _run(args: argparse.Namespace) -> int:
                 fast=True,
             )
         else:
-            t = make_tiny(args.out, seed=args.seed, max_shard_bytes=args.shard_bytes or 400_000)
+            from r1_ascend.launch.routing_prompts import calibration_sets
+
+            shard = args.shard_bytes or 400_000
+            t = make_tiny(args.out, seed=args.seed, max_shard_bytes=shard, routing_prompts=calibration_sets())
         print(f"{t.path}: {len(set(t.weight_map.values()))} shards, {t.total_size} bytes")
     elif args.step == "verify":
         if args.kind == "bf16":

@@ -4,6 +4,11 @@ Same tensor names, dtypes, FP8 block scales and config keys as the real checkpoi
 multiples of 128 (partial scale blocks), an MTP layer at index ``num_hidden_layers`` and some ``_scale_inv`` tensors
 deliberately stored in a different shard from their weight, so every lookup path of the converters is exercised.
 Shards are written with safetensors' own writer so the converters are never tested against their own output.
+
+The routers route like a trained MoE's (:mod:`r1_ascend.weights.router_balance`): router weights with a spread that
+makes routing depend on the token, token embeddings that lead the residual stream (:data:`INIT_STD`), and, when
+``make_tiny`` is given calibration prompts, expert biases that balance the load on them (without prompts the bias
+is 0).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +27,7 @@ from safetensors.torch import save_file
 from r1_ascend.weights.fp8 import FP8_DTYPE, SCALE_SUFFIX, quantize_fp8_blockwise, scale_shape
 from r1_ascend.weights.inventory import TensorSpec, checkpoint_specs
 from r1_ascend.weights.inventory import layer_specs as _layer_specs
+from r1_ascend.weights.router_balance import PromptSet, balanced_biases, router_init_std
 from r1_ascend.weights.safetensors_io import DTYPE_SIZE, PT_METADATA
 
 log = logging.getLogger(__name__)
@@ -96,6 +103,17 @@ def deepseek_v3_config(**overrides: Any) -> dict[str, Any]:
     return cfg
 
 
+#: The router's weight (experts x hidden), drawn with router_init_std instead of 0.02.
+ROUTER_SUFFIX = ".mlp.gate.weight"
+#: Standard deviations other than 0.02, by tensor name. The token embedding is drawn at 1.0, so the residual stream
+#: (which every layer adds its small output to) is led by the token itself: routing then depends on the token, and
+#: it stays put while the rehearsal trains at its toy learning rate. With N(0, 0.02) embeddings one Adam step at the
+#: rehearsal's lr (3e-3, every weight moves by about lr) shifts every token's hidden state the same way, and the
+#: routers sent all tokens of a layer to a few experts within two steps even with the router weights frozen
+#: (docs/launch.md, "Toy task"). The RMS norm in front of every layer makes the scale itself invisible to it.
+INIT_STD: dict[str, float] = {"model.embed_tokens.weight": 1.0}
+
+
 def _generator(seed: int, name: str) -> torch.Generator:
     digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
@@ -105,15 +123,17 @@ def make_tensors(spec: TensorSpec, seed: int, *, fast: bool) -> dict[str, torch.
     """The tensor (and its scale for FP8) for ``spec``; deterministic in (seed, name).
 
     ``fast`` draws FP8 bytes directly (no NaN codes) instead of quantising a Gaussian: same format, ~10x quicker,
-    used for multi-GB benchmark checkpoints.
+    used for multi-GB benchmark checkpoints. Router weights get :func:`router_init_std`; the router's expert bias
+    (the only float32 tensor) is 0 here and set by :func:`make_tiny` from calibration prompts.
     """
     gen = _generator(seed, spec.name)
     if spec.kind == "norm":
         return {spec.name: torch.ones(spec.shape, dtype=torch.bfloat16)}
     if spec.kind == "f32":
-        return {spec.name: torch.rand(spec.shape, generator=gen, dtype=torch.float32)}
+        return {spec.name: torch.zeros(spec.shape, dtype=torch.float32)}
     if spec.kind == "bf16":
-        return {spec.name: (torch.randn(spec.shape, generator=gen) * 0.02).to(torch.bfloat16)}
+        std = router_init_std(spec.shape[1]) if spec.name.endswith(ROUTER_SUFFIX) else INIT_STD.get(spec.name, 0.02)
+        return {spec.name: (torch.randn(spec.shape, generator=gen) * std).to(torch.bfloat16)}
     if fast:
         raw = torch.randint(0, 256, spec.shape, generator=gen, dtype=torch.uint8)
         raw[(raw & 0x7F) == 0x7F] = 0  # 0x7F / 0xFF are the only NaN codes of e4m3fn
@@ -122,6 +142,21 @@ def make_tensors(spec: TensorSpec, seed: int, *, fast: bool) -> dict[str, torch.
     else:
         weight, scale = quantize_fp8_blockwise(torch.randn(spec.shape, generator=gen) * 0.02)
     return {spec.name: weight, spec.name + SCALE_SUFFIX: scale}
+
+
+def bf16_state_dict(config: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:
+    """The tensors (HF names, MTP layers left out) the FP8 -> BF16 conversion makes of ``make_tiny(config, seed)``'s
+    checkpoint before its expert biases are set: FP8 weights dequantised exactly as the converter does."""
+    from r1_ascend.weights.fp8 import dequantize_fp8_blockwise
+
+    state = {}
+    for spec in checkpoint_specs(config, mtp=False):
+        made = make_tensors(spec, seed, fast=False)
+        weight = made[spec.name]
+        if spec.kind == "fp8":
+            weight = dequantize_fp8_blockwise(weight, made[spec.name + SCALE_SUFFIX], name=spec.name)
+        state[spec.name] = weight
+    return state
 
 
 @dataclass
@@ -154,14 +189,22 @@ def make_tiny(
     config_overrides: dict[str, Any] | None = None,
     fast: bool = False,
     move_scales_every: int = 7,
+    routing_prompts: Sequence[PromptSet] = (),
 ) -> TinyCheckpoint:
     """Write a DeepSeek-V3-shaped FP8 checkpoint (config, index, shards, tokenizer stub) into ``out_dir``.
 
-    Every ``move_scales_every``-th FP8 weight gets its ``_scale_inv`` stored in the next shard.
+    Every ``move_scales_every``-th FP8 weight gets its ``_scale_inv`` stored in the next shard. ``routing_prompts``
+    (sets of token-id sequences) balance each MoE layer's expert bias on them, as training would
+    (:func:`r1_ascend.weights.router_balance.balanced_biases`, run on the BF16 model the conversion will produce);
+    without them the bias is 0. Not with ``fast``, whose FP8 bytes are not a model.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = deepseek_v3_config(**(config_overrides or {}))
+    if routing_prompts and fast:
+        msg = "routing_prompts balance a model's routers; fast=True draws FP8 bytes that are no model"
+        raise ValueError(msg)
+    balanced = balanced_biases(cfg, bf16_state_dict(cfg, seed), routing_prompts) if routing_prompts else {}
     specs = checkpoint_specs(cfg)
     shards: list[list[TensorSpec]] = [[]]
     used = 0
@@ -202,7 +245,7 @@ def make_tiny(
     for i in range(n):
         tensors: dict[str, torch.Tensor] = dict(pending_scales.pop(i))
         for spec in by_shard[i]:
-            made = make_tensors(spec, seed, fast=fast)
+            made = {spec.name: balanced[spec.name]} if spec.name in balanced else make_tensors(spec, seed, fast=fast)
             tensors[spec.name] = made[spec.name]
             if spec.kind == "fp8":
                 scale_name = spec.name + SCALE_SUFFIX

@@ -143,3 +143,44 @@ def test_a_warning_fails_a_run_that_should_be_healthy(tmp_path: Path, how: str) 
     with pytest.raises(TrainingError, match=r"warned .*step 3: rollout_guard/") as info:
         training.check_guard_quiet(training.step_metrics([write_run(tmp_path / "run.log", steps)]))
     assert "step 2" not in str(info.value)
+
+
+def curve_of(rewards: list[float]) -> training.Curve:
+    return training.Curve(dict(enumerate(rewards, 1)), 3)
+
+
+def test_a_curve_that_starts_low_ends_high_and_never_falls_back_holds() -> None:
+    training.check_learning_holds(curve_of([0.2, 0.2, 0.3, 0.25, 0.3, 0.5, 0.6, 0.8, 0.9, 1.0]))
+
+
+@pytest.mark.parametrize(
+    ("rewards", "match"),
+    [
+        ([0.4, 0.3, 0.36, 0.5, 0.6, 0.7, 0.8, 0.9, 0.9, 0.9], r"started at 0\.353"),
+        ([0.2, 0.2, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.7, 0.69], r"reached only 0\.697"),
+        (
+            [0.1, 0.2, 0.3, 0.3, 0.5, 0.19, 0.7, 0.8, 0.9, 1.0],
+            r"fell below its first-3-step mean 0\.200 at step\(s\) 6",
+        ),
+    ],
+    ids=["first-above", "last-below", "dip-after-step-5"],
+)
+def test_each_learning_boundary_fails_naming_it(rewards: list[float], match: str) -> None:
+    with pytest.raises(TrainingError, match=match):
+        training.check_learning_holds(curve_of(rewards))
+
+
+def test_a_dip_before_step_5_is_allowed_and_one_at_the_first_mean_is_not_a_fall() -> None:
+    training.check_learning_holds(curve_of([0.3, 0.2, 0.1, 0.05, 0.2, 0.5, 0.7, 0.8, 0.9, 1.0]))
+
+
+@given(st.lists(st.floats(0, 1), min_size=6, max_size=12))
+def test_learning_holds_exactly_when_all_three_conditions_do(rewards: list[float]) -> None:
+    curve = curve_of(rewards)
+    first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
+    ok = first <= 0.35 and last >= 0.7 and all(r >= first for r in rewards[4:])
+    if ok:
+        training.check_learning_holds(curve)
+    else:
+        with pytest.raises(TrainingError):
+            training.check_learning_holds(curve)

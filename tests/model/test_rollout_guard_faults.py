@@ -32,7 +32,10 @@ NOT_SEPARABLE = {
 }
 #: Faults that move this tiny model's log-probs by only a few times bf16 noise: at least flagged (a warning) at the
 #: step they are planted in; whether they are also stopped depends on the seed (docs/rollout_guard.md).
-FLAGGED = {"expert-swap", "expert-transposed"}
+FLAGGED: set[str] = set()
+#: Faults the rehearsal's expert verdicts catch when they stay below the guard's noise (docs/rollout_guard.md):
+#: planted in one sync here, a stale bias is one update behind.
+MOE_VERDICT = {"stale-bias": "rehearse --fault stale-bias compares the engine's bias with the actor's every step"}
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +81,7 @@ def test_healthy_steps_never_warn(measured: list[dict]) -> None:
             assert stats[name] <= levels.warn[name], (record["step"], name, stats[name])
 
 
-@pytest.mark.parametrize("fault", sorted(set(rollout_faults.FAULTS) - set(NOT_SEPARABLE) - FLAGGED))
+@pytest.mark.parametrize("fault", sorted(set(rollout_faults.FAULTS) - set(NOT_SEPARABLE) - FLAGGED - set(MOE_VERDICT)))
 def test_planted_fault_is_stopped_at_its_step(measured: list[dict], fault: str) -> None:
     (record,) = [r for r in measured if r["kind"] == "fault" and r["fault"] == fault]
     assert record["step"] == FAULT_STEP

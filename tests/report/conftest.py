@@ -113,6 +113,9 @@ def _batch(verl: SimpleNamespace, rng: np.random.Generator) -> tuple[object, lis
     return batch, [int(n) for n in prompt_lengths], [int(n) for n in response_lengths], [float(s) for s in scores]
 
 
+#: Expert-parallel ranks of the fixture's MoE actor.
+EXPERT_PARALLEL = 4
+
 #: The guard levels the fixture's runs log (the mean's; the other statistics keep the defaults).
 GUARD_WARN, GUARD_STOP = 0.4, 0.8
 
@@ -223,6 +226,7 @@ def _step_metrics(
     reshard_timer: bool,
     stage_scale: dict[str, float],
     log_prob_drift: float | None = None,
+    expert_tokens: dict[int, list[float]] | None = None,
 ) -> tuple[dict[str, float], StepTruth]:
     batch, prompt_lengths, response_lengths, scores = _batch(verl, rng)
     consistency = _consistency_metrics(verl, batch, rng, log_prob_drift) if log_prob_drift is not None else {}
@@ -280,6 +284,10 @@ def _step_metrics(
         val_metrics, truth.val_acc = _validation_metrics(verl, rng, step)
         metrics.update(val_metrics)
     metrics.update(consistency)
+    if expert_tokens is not None:  # what patch verl_moe_expert_load adds to the actor's metrics
+        from r1_ascend.patches.rules import expert_load
+
+        metrics.update(expert_load.step_metrics(expert_tokens, EXPERT_PARALLEL))
     metrics.update({"training/global_step": step, "training/epoch": 0})
     metrics.update(verl.metric_utils.compute_data_metrics(batch=batch, use_critic=False))
     metrics.update(verl.metric_utils.compute_timing_metrics(batch=batch, timing_raw=timing))
@@ -376,6 +384,7 @@ class RunWriter:
         ray_prefixed_traceback: bool = False,
         stage_scale: dict[str, float] | None = None,
         log_prob_drift: Callable[[int], float] | None = None,
+        expert_tokens: Callable[[int], dict[int, list[float]]] | None = None,
     ) -> None:
         """``planned``: verl's total_training_steps (default: the segment's last step); ``death``: None, "error"
         (a verl exception re-raised through Ray, as the driver prints it) or "kill" (the log just stops mid-step)."""
@@ -422,6 +431,7 @@ class RunWriter:
                 reshard_timer=reshard_timer,
                 stage_scale=stage_scale or {},
                 log_prob_drift=None if log_prob_drift is None else log_prob_drift(step),
+                expert_tokens=None if expert_tokens is None else expert_tokens(step),
             )
             self.run.truth[step] = truth
             if noise:

@@ -20,12 +20,30 @@ def _drift(step: int) -> float:
     return 0.05 if step < 8 else 0.9  # the rollout decodes from stale weights from step 8 on
 
 
+def _experts(step: int) -> dict[int, list[float]]:
+    """Three MoE layers of 8 experts: layer 3 grows a hot expert from step 6 on, layer 5 loses one at step 10."""
+    hot = 40.0 * max(0, step - 5)
+    return {
+        3: [100.0 + hot] + [100.0] * 7,
+        4: [90.0, 110.0] * 4,
+        5: [100.0] * 7 + [0.0 if step == 10 else 100.0],
+    }
+
+
 @pytest.fixture(scope="module")
 def rich_run(verl_modules, tmp_path_factory):
     writer = RunWriter(verl_modules, tmp_path_factory.mktemp("figures") / "rich", seed=31)
-    writer.segment(range(1, 9), log_name="part1.log", planned=12, death="kill", log_prob_drift=_drift)
     writer.segment(
-        range(6, 13), log_name="part2.log", planned=12, resumed_from=5, val_before_train_step=5, log_prob_drift=_drift
+        range(1, 9), log_name="part1.log", planned=12, death="kill", log_prob_drift=_drift, expert_tokens=_experts
+    )
+    writer.segment(
+        range(6, 13),
+        log_name="part2.log",
+        planned=12,
+        resumed_from=5,
+        val_before_train_step=5,
+        log_prob_drift=_drift,
+        expert_tokens=_experts,
     )
     return writer.run
 
@@ -146,3 +164,23 @@ def test_report_plots_clip_ratio_consistency_and_validation(rich_run, tmp_path: 
     for step in val_steps:
         cells = " | ".join(f"{rich_run.truth[step].val_acc[source]:.4f}" for source in VAL_SOURCES)
         assert f"| {step} | {cells} |" in report
+
+
+def test_expert_load_is_drawn_per_step_and_per_layer(rich_run) -> None:
+    """The worst layer per step, and each MoE layer on its own x position with its last and worst value."""
+    from r1_ascend.patches.rules import expert_load
+    from r1_ascend.report.figures import FIGURES as specs
+
+    run = load_run(rich_run.log_files)
+    by_name = {spec.filename: spec for spec in specs}
+    over_steps = by_name["expert_load.png"].build(run, 2)
+    steps, values = over_steps[0].series[expert_load.WORST["max_over_mean"]]
+    assert steps == list(range(1, 13))
+    assert values[-1] == pytest.approx((100 + 40 * 7) * 8 / (800 + 40 * 7))
+    assert over_steps[1].series[expert_load.WORST["experts_without_tokens"]][1][9] == 1.0  # step 10
+    assert set(over_steps[3].series[expert_load.WORST_LAYER][1]) <= {3.0, 4.0, 5.0}
+    per_layer = by_name["expert_load_by_layer.png"].build(run, 2)
+    layers, last = per_layer[0].series["step 12"]
+    assert layers == [3, 4, 5]
+    assert last[0] == pytest.approx(values[-1])
+    assert per_layer[0].series["worst step of the run"][1][0] == pytest.approx(values[-1])

@@ -1,0 +1,377 @@
+"""Each preflight warning (r1_ascend.launch.pitfalls) at the edge of its rule: the setting just inside warns, the one
+just outside does not, and a condition the rule needs cannot be dropped (greedy decoding is not truncated sampling).
+
+The rules are called directly on the shipped 671B configuration, composed once by preflight, with one setting
+changed per case; ``test_pitfalls.py`` runs the same rules through ``r1-ascend preflight``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+import pytest
+from omegaconf import OmegaConf
+
+from r1_ascend.launch import pitfalls
+from r1_ascend.launch.checks import OK, SKIPPED, WARNING, Run
+from r1_ascend.launch.overlays import DEFAULT_OVERLAY, SMOKE_OVERLAY
+from r1_ascend.launch.preflight import run_checks
+
+A = "actor_rollout_ref"
+
+
+@pytest.fixture(scope="module")
+def shipped() -> Run:
+    """The shipped 671B run as preflight sees it without a model directory (DeepSeek-V3's known structure)."""
+    run, _ = run_checks(DEFAULT_OVERLAY, [], env={}, check_patches=False)
+    return run
+
+
+def changed(run: Run, **settings: Any) -> Run:
+    """``run`` with dotted config keys (``__`` for ``.``) set to new values; the original is left as it was."""
+    config = copy.deepcopy(run.config)
+    for key, value in settings.items():
+        OmegaConf.update(config, key.replace("__", "."), value, force_add=True)
+    return dataclasses.replace(run, config=config)
+
+
+def levels(rule: pitfalls.Rule, run: Run) -> list[str]:
+    return [finding.level for finding in rule(run)]
+
+
+def warns(rule: pitfalls.Rule, run: Run) -> bool:
+    return WARNING in levels(rule, run)
+
+
+def test_the_shipped_run_raises_none_of_the_rules(shipped: Run) -> None:
+    """The base every case below changes one setting of: no rule warns on it."""
+    assert [f for rule in pitfalls.RULES for f in rule(shipped) if f.level != OK] == []
+
+
+# --- sampling --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        ({f"{A}__rollout__top_p": 0.999}, True),
+        ({f"{A}__rollout__top_p": 1.0}, False),
+        ({f"{A}__rollout__top_k": 1}, True),
+        ({f"{A}__rollout__top_k": 0}, False),  # vLLM: 0 and -1 both mean no top-k
+        ({f"{A}__rollout__top_k": -1}, False),
+        # greedy decoding samples nothing, so nothing is truncated (identical_samples covers greedy with n > 1)
+        ({f"{A}__rollout__top_p": 0.9, f"{A}__rollout__do_sample": False}, False),
+        ({f"{A}__rollout__top_k": 50, f"{A}__rollout__do_sample": False}, False),
+    ],
+)
+def test_truncated_sampling_warns_only_when_sampling_from_a_cut_distribution(
+    shipped: Run, settings: dict[str, Any], expected: bool
+) -> None:
+    assert warns(pitfalls.rule_truncated_sampling, changed(shipped, **settings)) is expected
+
+
+def test_truncated_sampling_names_every_cut_it_found(shipped: Run) -> None:
+    run = changed(shipped, **{f"{A}__rollout__top_p": 0.9, f"{A}__rollout__top_k": 20})
+    (finding,) = pitfalls.rule_truncated_sampling(run)
+    assert "top_p=0.9 and top_k=20" in finding.message
+
+
+@pytest.mark.parametrize(
+    ("n", "do_sample", "temperature", "expected"),
+    [
+        (2, False, 0.9, True),
+        (2, True, 0.0, True),
+        (2, True, 0.01, False),
+        (1, False, 0.0, False),  # one sample per prompt: nothing to be identical to
+        (16, True, 0.9, False),
+    ],
+)
+def test_identical_samples_needs_several_greedy_samples(
+    shipped: Run, n: int, do_sample: bool, temperature: float, expected: bool
+) -> None:
+    run = changed(
+        shipped,
+        **{f"{A}__rollout__n": n, f"{A}__rollout__do_sample": do_sample, f"{A}__rollout__temperature": temperature},
+    )
+    assert warns(pitfalls.rule_identical_samples, run) is expected
+
+
+@pytest.mark.parametrize(
+    ("n", "do_sample", "temperature", "expected"),
+    [
+        (2, False, 0.6, True),
+        (2, True, 0.0, True),
+        (2, True, 0.6, False),
+        (1, False, 0.0, False),
+    ],
+)
+def test_validation_repeats_needs_several_greedy_answers(
+    shipped: Run, n: int, do_sample: bool, temperature: float, expected: bool
+) -> None:
+    val = f"{A}__rollout__val_kwargs"
+    run = changed(shipped, **{f"{val}__n": n, f"{val}__do_sample": do_sample, f"{val}__temperature": temperature})
+    assert warns(pitfalls.rule_validation_repeats, run) is expected
+
+
+def test_validation_repeats_counts_the_wasted_answers(shipped: Run) -> None:
+    val = f"{A}__rollout__val_kwargs"
+    run = changed(shipped, **{f"{val}__n": 4, f"{val}__do_sample": False})
+    (finding,) = pitfalls.rule_validation_repeats(run)
+    assert "3 of every 4 validation responses" in finding.message
+
+
+@pytest.mark.parametrize(("n", "estimator", "expected"), [(1, "grpo", True), (2, "grpo", False), (1, "gae", False)])
+def test_group_baseline_needs_one_sample_and_a_group_estimator(
+    shipped: Run, n: int, estimator: str, expected: bool
+) -> None:
+    run = changed(shipped, **{f"{A}__rollout__n": n, "algorithm__adv_estimator": estimator})
+    assert warns(pitfalls.rule_group_baseline, run) is expected
+
+
+# --- KL, critic, reward model ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("in_reward", "in_loss", "expected"), [(True, True, True), (True, False, False)])
+def test_kl_twice_needs_both_penalties(shipped: Run, in_reward: bool, in_loss: bool, expected: bool) -> None:
+    run = changed(shipped, **{"algorithm__use_kl_in_reward": in_reward, f"{A}__actor__use_kl_loss": in_loss})
+    assert warns(pitfalls.rule_kl_twice, run) is expected
+
+
+@pytest.mark.parametrize(
+    ("use_loss", "loss_coef", "in_reward", "reward_coef", "expected"),
+    [
+        (True, 0.0, False, 0.001, "reference model still runs"),
+        (True, 0.001, False, 0.0, None),
+        (False, 0.0, False, 0.0, None),  # no KL term at all: nothing multiplied by 0
+        (False, 0.0, True, 0.0, "reference model still runs"),
+        (False, 0.0, True, 0.001, None),
+        (True, 0.0, True, 0.001, "the other one keeps the reference model running"),
+        (True, 0.001, True, 0.0, "the other one keeps the reference model running"),
+    ],
+)
+def test_kl_zero_coef_names_a_zero_coefficient_and_what_it_costs(
+    shipped: Run, use_loss: bool, loss_coef: float, in_reward: bool, reward_coef: float, expected: str | None
+) -> None:
+    run = changed(
+        shipped,
+        **{
+            f"{A}__actor__use_kl_loss": use_loss,
+            f"{A}__actor__kl_loss_coef": loss_coef,
+            "algorithm__use_kl_in_reward": in_reward,
+            "algorithm__kl_ctrl__kl_coef": reward_coef,
+        },
+    )
+    messages = [f.message for f in pitfalls.rule_kl_zero_coef(run)]
+    if expected is None:
+        assert messages == []
+    else:
+        (message,) = messages
+        assert expected in message
+
+
+def test_kl_zero_coef_names_both_zero_terms_and_both_fixes(shipped: Run) -> None:
+    run = changed(
+        shipped,
+        **{f"{A}__actor__kl_loss_coef": 0.0, "algorithm__use_kl_in_reward": True, "algorithm__kl_ctrl__kl_coef": 0.0},
+    )
+    (finding,) = pitfalls.rule_kl_zero_coef(run)
+    assert "kl_loss_coef=0; algorithm.use_kl_in_reward=true with kl_ctrl.kl_coef=0" in finding.message
+    assert "Fix: actor_rollout_ref.actor.use_kl_loss=false algorithm.use_kl_in_reward=false" in finding.message
+
+
+@pytest.mark.parametrize(
+    ("enable", "estimator", "expected"),
+    [(True, "grpo", True), (True, "gae", False), (None, "grpo", False), (False, "grpo", False)],
+)
+def test_critic_unused_needs_a_critic_and_an_estimator_that_ignores_it(
+    shipped: Run, enable: bool | None, estimator: str, expected: bool
+) -> None:
+    run = changed(shipped, **{"critic__enable": enable, "algorithm__adv_estimator": estimator})
+    assert warns(pitfalls.rule_critic_unused, run) is expected
+
+
+@pytest.mark.parametrize(
+    ("enable", "path", "expected"), [(True, "reward.py", True), (False, "reward.py", False), (True, None, False)]
+)
+def test_reward_model_overrides_needs_both_rewards(
+    shipped: Run, enable: bool, path: str | None, expected: bool
+) -> None:
+    run = changed(shipped, **{"reward_model__enable": enable, "custom_reward_function__path": path})
+    assert warns(pitfalls.rule_reward_model_overrides, run) is expected
+
+
+# --- the model -------------------------------------------------------------------------------------------------
+
+
+def test_mla_tensor_parallel_warns_above_tp_1_only(shipped: Run) -> None:
+    tp = f"{A}__actor__megatron__tensor_model_parallel_size"
+    assert levels(pitfalls.rule_mla_tensor_parallel, changed(shipped, **{tp: 1})) == []
+    assert levels(pitfalls.rule_mla_tensor_parallel, changed(shipped, **{tp: 2})) == [WARNING]
+
+
+def test_mla_tensor_parallel_is_skipped_without_a_known_model(shipped: Run) -> None:
+    """A model path preflight could not read, on a config it does not know: it cannot tell MLA, so it says so."""
+    run = changed(shipped, **{f"{A}__actor__megatron__tensor_model_parallel_size": 2, f"{A}__model__path": "/x"})
+    run = dataclasses.replace(run, config_name="custom", model=None)
+    assert levels(pitfalls.rule_mla_tensor_parallel, run) == [SKIPPED]
+
+
+# --- lengths, prompts, EOS -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("rollout_len", "expected"), [(8191, True), (8192, False), (8193, False)])
+def test_response_length_warns_only_when_the_rollout_stops_earlier(
+    shipped: Run, rollout_len: int, expected: bool
+) -> None:
+    run = changed(shipped, **{"data__max_response_length": 8192, f"{A}__rollout__response_length": rollout_len})
+    assert warns(pitfalls.rule_response_length, run) is expected
+
+
+@pytest.mark.parametrize(
+    ("filtered", "truncation", "expected"),
+    [(False, "left", True), (False, "error", False), (True, "left", False)],
+)
+def test_prompt_truncation_needs_unfiltered_prompts_cut_silently(
+    shipped: Run, filtered: bool, truncation: str, expected: bool
+) -> None:
+    run = changed(shipped, **{"data__filter_overlong_prompts": filtered, "data__truncation": truncation})
+    assert warns(pitfalls.rule_prompt_truncation, run) is expected
+
+
+@pytest.mark.parametrize(("ignore_eos", "expected"), [(True, True), (False, False)])
+def test_ignore_eos_warns_when_set(shipped: Run, ignore_eos: bool, expected: bool) -> None:
+    assert warns(pitfalls.rule_ignore_eos, changed(shipped, **{f"{A}__rollout__ignore_eos": ignore_eos})) is expected
+
+
+# --- checkpoints and resume ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("save_freq", "expected"), [(0, True), (-1, True), (1, False)])
+def test_checkpoint_interval_warns_when_nothing_is_saved(shipped: Run, save_freq: int, expected: bool) -> None:
+    run = changed(shipped, trainer__save_freq=save_freq)
+    found = [f.message for f in pitfalls.rule_checkpoint_interval(run)]
+    assert any("no checkpoint is ever written" in m for m in found) is expected
+
+
+def test_checkpoint_interval_limit_is_hours_of_the_estimated_run(shipped: Run) -> None:
+    """The limit is MAX_HOURS_WITHOUT_CHECKPOINT of estimated steps: the largest interval under it passes, one step
+    more warns, and the fix it prints is that largest interval."""
+    step_h = pitfalls.REFERENCE_STEP_S * pitfalls.step_scale(shipped) / 3600
+    largest = int(pitfalls.MAX_HOURS_WITHOUT_CHECKPOINT / step_h)
+    assert largest >= 2  # else the case below says nothing
+    quiet = changed(shipped, trainer__save_freq=largest, trainer__total_training_steps=10 * largest)
+    assert levels(pitfalls.rule_checkpoint_interval, quiet) == []
+    loud = changed(shipped, trainer__save_freq=largest + 1, trainer__total_training_steps=10 * largest)
+    (finding,) = pitfalls.rule_checkpoint_interval(loud)
+    assert finding.level == WARNING
+    assert f"Fix: trainer.save_freq={largest}" in finding.message
+    assert "the only checkpoint" not in finding.message
+
+
+def test_checkpoint_interval_counts_at_most_the_whole_run(shipped: Run) -> None:
+    """save_freq beyond the last step saves once, at the end: the interval is the run's length."""
+    step_h = pitfalls.REFERENCE_STEP_S * pitfalls.step_scale(shipped) / 3600
+    largest = int(pitfalls.MAX_HOURS_WITHOUT_CHECKPOINT / step_h)
+    short = changed(shipped, trainer__save_freq=10 * largest, trainer__total_training_steps=largest)
+    assert levels(pitfalls.rule_checkpoint_interval, short) == []
+    whole = changed(shipped, trainer__save_freq=10 * largest, trainer__total_training_steps=largest + 1)
+    (finding,) = pitfalls.rule_checkpoint_interval(whole)
+    assert "(the only checkpoint is the last step's)" in finding.message
+
+
+def test_checkpoint_interval_of_one_step_needs_no_estimate(shipped: Run) -> None:
+    """A checkpoint every step is never too rare, even when preflight cannot estimate a step (no model)."""
+    unknown = dataclasses.replace(
+        changed(shipped, trainer__save_freq=1, **{f"{A}__model__path": "/x"}), model=None, config_name="custom"
+    )
+    assert levels(pitfalls.rule_checkpoint_interval, unknown) == []
+    assert levels(pitfalls.rule_checkpoint_interval, changed(unknown, trainer__save_freq=2)) == [SKIPPED]
+
+
+@pytest.mark.parametrize(
+    ("mode", "path", "expected"),
+    [("disable", None, True), ("resume_path", None, True), ("resume_path", "/ckpt/global_step_2", False)],
+)
+def test_resume_warns_when_a_restart_starts_over(shipped: Run, mode: str, path: str | None, expected: bool) -> None:
+    run = changed(shipped, trainer__resume_mode=mode, trainer__resume_from_path=path)
+    assert warns(pitfalls.rule_resume, run) is expected
+
+
+# --- the update ------------------------------------------------------------------------------------------------
+
+
+def no_update_messages(run: Run) -> list[str]:
+    return [f.message for f in pitfalls.rule_no_update(run)]
+
+
+@pytest.mark.parametrize(("warmup", "expected"), [(99, False), (100, True), (101, True)])
+def test_no_update_warns_from_a_warm_up_as_long_as_the_run(shipped: Run, warmup: int, expected: bool) -> None:
+    """100 steps: a warm-up of 100 steps ends with the run, so the learning rate never reaches its value."""
+    run = changed(shipped, trainer__total_training_steps=100, **{f"{A}__actor__optim__lr_warmup_steps": warmup})
+    assert any(f"LR warm-up of {warmup} steps" in m for m in no_update_messages(run)) is expected
+
+
+@pytest.mark.parametrize(("ratio", "expected"), [(0.99, False), (1.0, True)])
+def test_no_update_reads_a_warm_up_ratio_of_the_run(shipped: Run, ratio: float, expected: bool) -> None:
+    run = changed(
+        shipped,
+        trainer__total_training_steps=100,
+        **{f"{A}__actor__optim__lr_warmup_steps": -1, f"{A}__actor__optim__lr_warmup_steps_ratio": ratio},
+    )
+    assert any("LR warm-up of" in m for m in no_update_messages(run)) is expected
+
+
+def test_no_update_ratio_counts_only_without_warm_up_steps(shipped: Run) -> None:
+    """lr_warmup_steps > 0 is the warm-up; the ratio is read only when it is unset (<= 0)."""
+    run = changed(
+        shipped,
+        trainer__total_training_steps=100,
+        **{f"{A}__actor__optim__lr_warmup_steps": 10, f"{A}__actor__optim__lr_warmup_steps_ratio": 1.0},
+    )
+    assert no_update_messages(run) == []
+
+
+def test_no_update_needs_a_known_positive_run_length_for_the_warm_up(shipped: Run) -> None:
+    warmup = {f"{A}__actor__optim__lr_warmup_steps": 10}
+    assert no_update_messages(changed(shipped, trainer__total_training_steps=None, **warmup)) == []
+    assert no_update_messages(changed(shipped, trainer__total_training_steps=0, **warmup)) == []
+
+
+@pytest.mark.parametrize(
+    ("lr", "epochs", "expected"),
+    [(0.0, 1, "optim.lr=0.0 (the weights never change)"), (1e-6, 0, "ppo_epochs=0 (no update is run)")],
+)
+def test_no_update_names_a_zero_rate_or_no_epoch(shipped: Run, lr: float, epochs: int, expected: str) -> None:
+    run = changed(shipped, **{f"{A}__actor__optim__lr": lr, f"{A}__actor__ppo_epochs": epochs})
+    (message,) = no_update_messages(run)
+    assert expected in message
+
+
+def test_check_pitfalls_says_ok_only_when_no_rule_warns(shipped: Run) -> None:
+    quiet = list(pitfalls.check_pitfalls(shipped))
+    assert [(f.check, f.level) for f in quiet] == [("pitfalls", OK)]
+    assert f"{len(pitfalls.RULES)} rules" in quiet[0].message
+    loud = list(pitfalls.check_pitfalls(changed(shipped, **{f"{A}__rollout__ignore_eos": True})))
+    assert [(f.check, f.level) for f in loud] == [("ignore_eos", WARNING)]
+
+
+def test_the_step_estimate_scales_with_the_work_per_die(shipped: Run) -> None:
+    """Twice the sequences or twice the tokens is twice the work; twice the dies is half."""
+    base = pitfalls.step_scale(shipped)
+    cfg = shipped.config
+    sequences = changed(shipped, data__train_batch_size=2 * int(cfg.data.train_batch_size))
+    assert pitfalls.step_scale(sequences) == pytest.approx(2 * base)
+    tokens = int(cfg.data.max_prompt_length) + int(cfg.data.max_response_length)
+    longer = changed(shipped, data__max_response_length=int(cfg.data.max_response_length) + tokens)
+    assert pitfalls.step_scale(longer) == pytest.approx(2 * base)
+    wider = changed(shipped, trainer__nnodes=2 * int(cfg.trainer.nnodes))
+    assert pitfalls.step_scale(wider) == pytest.approx(base / 2)
+
+
+def test_the_smoke_config_is_not_taken_for_the_671b_model() -> None:
+    """Without a model directory only the shipped DeepSeek-V3 config gets DeepSeek-V3's estimate."""
+    run, _ = run_checks(SMOKE_OVERLAY, [], env={}, check_patches=False)
+    assert run.model is None
+    assert pitfalls.step_scale(run) is None

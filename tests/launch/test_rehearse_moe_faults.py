@@ -1,0 +1,142 @@
+"""``r1-ascend rehearse --fault dead-expert | stale-bias``: MoE faults the expert verdicts must catch.
+
+The fast tests feed the fault run's judge recorded runs (caught, missed, caught without naming the fault); the slow
+ones plant each fault in the real run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from r1_ascend.rehearse import moe_fault_run as moe
+from r1_ascend.rehearse.config import Plan
+from r1_ascend.rehearse.faults import FaultError
+
+LAYER, EXPERT = moe.DEAD_EXPERT
+
+
+def records(dead: bool = False, stale: bool = False, steps: int = 3) -> list[dict]:
+    """One worker's records: a sync then an update per step; the bias moves 0.01 per update."""
+
+    def bias(step: int) -> dict[str, list[float]]:
+        values = [0.2 + 0.01 * step * (-1) ** e for e in range(4)]
+        if dead:
+            values[EXPERT] = -math.inf
+        return {str(LAYER): values}
+
+    events, t = [], 0.0
+    for step in range(1, steps + 1):
+        t += 1
+        synced = bias(0) if stale and step >= 2 else bias(step - 1)
+        events.append({"t": t, "pid": 7, "event": "engine_bias", "bias": synced})
+        tokens = [10.0, 10.0, 10.0, 10.0]
+        if dead:
+            tokens[EXPERT] = 0.0
+        t += 1
+        events.append(
+            {
+                "t": t,
+                "pid": 7,
+                "event": "expert_load",
+                "step": step,
+                "ep": 2,
+                "tokens": {str(LAYER): tokens},
+                "bias": bias(step),
+            }
+        )
+    return events
+
+
+def test_plans_are_three_steps_and_plant_the_named_fault() -> None:
+    dead = moe.plan_for("dead-expert", Plan())
+    stale = moe.plan_for("stale-bias", Plan())
+    assert (dead.total_steps, dead.min_reward_rise) == (3, None)
+    assert dead.actor_fault == f"dead-expert@{LAYER}:{EXPERT}"
+    assert dead.rollout_fault is None
+    assert stale.rollout_fault == "stale-bias@2"
+    assert stale.actor_fault is None
+    with pytest.raises(ValueError, match="unknown MoE fault"):
+        moe.plan_for("hang", Plan())
+
+
+def test_a_dead_expert_caught_by_the_verdict_that_names_it_passes(tmp_path: Path) -> None:
+    outcome = moe.judge_moe_fault("dead-expert", 0, "", records(dead=True), tmp_path / "run1.log")
+    assert outcome["caught_by"] == "expert verdicts"
+    assert f"layer {LAYER}: expert {EXPERT}" in outcome["message"]
+
+
+def test_a_stale_bias_is_caught_with_its_drift_per_step(tmp_path: Path) -> None:
+    outcome = moe.judge_moe_fault("stale-bias", 0, "", records(stale=True), tmp_path / "run1.log")
+    assert outcome["caught_by"] == "expert verdicts"
+    assert "differs from the actor's" in outcome["message"]
+    assert [d["after_update_of_step"] for d in outcome["bias_drift_per_step"]] == [1, 2]
+    assert [d["engine_vs_actor"] for d in outcome["bias_drift_per_step"]] == pytest.approx([0.01, 0.02])
+
+
+def test_a_stale_bias_stopped_by_the_guard_passes(tmp_path: Path) -> None:
+    line = "rollout guard: at training step 3 the rollout disagrees: beyond the stop level: rollout_guard/x = 1; over"
+    outcome = moe.judge_moe_fault("stale-bias", 1, line, records(stale=True), tmp_path / "run1.log")
+    assert (outcome["caught_by"], outcome["step"]) == ("rollout guard", 3)
+
+
+@pytest.mark.parametrize("name", ["dead-expert", "stale-bias"])
+def test_a_fault_that_passes_every_verdict_fails_the_rehearsal(tmp_path: Path, name: str) -> None:
+    with pytest.raises(FaultError, match="passed every expert verdict"):
+        moe.judge_moe_fault(name, 0, "", records(), tmp_path / "run1.log")
+
+
+def test_a_crash_is_not_a_catch(tmp_path: Path) -> None:
+    with pytest.raises(FaultError, match="not by a check naming it"):
+        moe.judge_moe_fault("dead-expert", 1, "Traceback ...", records(dead=True), tmp_path / "run1.log")
+
+
+def test_a_failure_that_does_not_name_the_fault_is_not_a_catch(tmp_path: Path) -> None:
+    """A dead-expert run that fails on the engine's bias instead is a different fault."""
+    with pytest.raises(FaultError, match="without naming it"):
+        moe.judge_moe_fault("dead-expert", 0, "", records(stale=True), tmp_path / "run1.log")
+
+
+# --- slow: each fault in the real run -------------------------------------------------------------------------------
+
+
+def _rehearse(tmp_path: Path, weights: Path, name: str) -> tuple[subprocess.CompletedProcess, dict]:
+    out = tmp_path / name
+    cmd = [sys.executable, "-m", "r1_ascend.cli", "rehearse", "--output-dir", str(out), "--fault", name]
+    done = subprocess.run([*cmd, "--weights", str(weights)], capture_output=True, text=True, timeout=1500, check=False)
+    summary = out / f"summary-{name}.json"
+    return done, json.loads(summary.read_text()) if summary.is_file() else {}
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from r1_ascend.rehearse.inputs import make_weights
+
+    root = tmp_path_factory.mktemp("moe-weights")
+    make_weights(root)
+    return root / "weights"
+
+
+@pytest.mark.slow
+def test_a_dead_expert_fails_the_rehearsal_naming_layer_and_expert(tmp_path: Path, weights: Path) -> None:
+    done, summary = _rehearse(tmp_path, weights, "dead-expert")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    fault = summary["fault"]
+    assert fault["caught_by"] == "expert verdicts"
+    assert f"layer {LAYER}: expert {EXPERT}" in fault["message"]
+
+
+@pytest.mark.slow
+def test_a_stale_bias_in_the_engine_fails_the_rehearsal(tmp_path: Path, weights: Path) -> None:
+    done, summary = _rehearse(tmp_path, weights, "stale-bias")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    fault = summary["fault"]
+    assert fault["caught_by"] in {"expert verdicts", "rollout guard"}
+    drift = [d["engine_vs_actor"] for d in fault["bias_drift_per_step"]]
+    assert drift
+    assert all(d > 0 for d in drift)
