@@ -28,8 +28,10 @@ and the Ray actor name to the job's named monitor actor (rules.watchdog.MONITOR_
 TaskRunner, r1_ascend.recipe.watchdog) every rules.watchdog.BEAT_S seconds and at every stage change. The thread
 beats while the method blocks in a collective (torch releases the GIL there), so silence means the process is gone
 or stopped. The driver side decides (rules.watchdog.find_stall), kills the worker group and raises WorkerLostError;
-without a monitor (verl's own entry point) the heartbeats are simply not sent. Listeners added to STAGE_LISTENERS
-are called at every stage entry and exit in the worker (the rehearsal records them to plant faults at a stage).
+without a monitor (verl's own entry point) the heartbeats are simply not sent. The first stage also makes every
+process the worker forks end with it (impl.children: megatron-core's checkpoint writer outlived a worker whose
+raylet died, under PID 1). Listeners added to STAGE_LISTENERS are called at every stage entry and exit in the
+worker (the rehearsal records them to plant faults at a stage).
 
 Upstream fix:
 none — verl 0.6.1 and main as of b178a3cd (2026-01-29) have no worker health check; RayWorkerGroup waits without
@@ -59,6 +61,7 @@ from typing import Any
 
 from ._install import install
 from ._registry import PatchSpec, spec_by_module
+from .impl.children import end_children_with_this_process
 from .rules.watchdog import BEAT_S, MONITOR_NAME
 
 logger = logging.getLogger(__name__)
@@ -94,6 +97,7 @@ class _Heart:
             if step is not None:
                 self.step = step
             if self.thread is None:
+                end_children_with_this_process()  # before the first save forks megatron-core's writer Manager
                 self.thread = threading.Thread(target=self._run, name="r1-ascend-heartbeat", daemon=True)
                 self.thread.start()
         self.beat()
@@ -140,6 +144,7 @@ def _identity() -> dict[str, object]:
         "rank": int(os.environ.get("RANK", "-1")),
         "pid": os.getpid(),
         "node": ray.util.get_node_ip_address(),
+        "node_id": context.get_node_id(),
         "actor": context.get_actor_name() or "",
     }
 

@@ -19,7 +19,8 @@ from verl.trainer.main_ppo import TaskRunner, run_ppo
 
 import r1_ascend.patches.prelude  # noqa: F401 - applies the overlay before any verl object is built or used
 from r1_ascend.patches import WorkerLostError
-from r1_ascend.recipe import watchdog
+from r1_ascend.patches.rules.watchdog import Beat, WatchdogConfig
+from r1_ascend.recipe import diagnosis, watchdog
 from r1_ascend.recipe.checks import check_recipe_config
 from r1_ascend.recipe.driver_address import check_driver_can_join
 from r1_ascend.recipe.runtime_env import add_overlay_to_config
@@ -96,7 +97,7 @@ def raise_if_worker_lost(exc: Exception, dog: watchdog.Watchdog | None, config: 
         return
     stall, lost = found
     beats = dog.beats if dog is not None else []
-    raise WorkerLostError(watchdog.describe_loss(stall, lost, checkpoint_root(config), beats)) from exc
+    raise WorkerLostError(diagnosis.trainer_message(exc, beats, stall, lost, checkpoint_root(config))) from exc
 
 
 def checkpoint_root(config: Any) -> Path:
@@ -113,28 +114,26 @@ def run(config: Any) -> None:
     raise_on_problems(check_recipe_config(config))
     if not ray.is_initialized():
         check_driver_can_join()  # run_ppo's bare ray.init() would otherwise start a local cluster
+    recorder = diagnosis.BeatRecorder(WatchdogConfig.from_config(config).poll_s).start()
     try:
         run_ppo(config, task_runner_class=task_runner_class())
     except Exception as exc:
-        message = lost_run_message(exc, config)
+        message = lost_run_message(exc, config, recorder.beats)
         if message is None:
             raise
         print(f"r1-ascend: WorkerLostError: {message}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
+    finally:
+        recorder.stop()
 
 
-def lost_run_message(exc: Exception, config: Any) -> str | None:
+def lost_run_message(exc: Exception, config: Any, beats: list[Beat] | None = None) -> str | None:
     """The one line the driver prints when the run stopped for a lost worker (the TaskRunner's WorkerLostError,
-    whose Ray copy carries its traceback), or for the lost TaskRunner itself; None for any other error."""
+    whose Ray copy carries its traceback), or for the lost TaskRunner itself, diagnosed from Ray's errors, Ray's
+    node table and the driver's copy of the workers' last heartbeats (``beats``); None for any other error."""
     if isinstance(exc, WorkerLostError):
         return str(getattr(exc, "cause", None) or exc)
-    losses = watchdog.ray_losses(exc)
-    if not losses:
-        return None
-    lost = [watchdog.Lost(None, watchdog.ray_reason(losses[0]))]
-    return watchdog.describe_loss(
-        None, lost, checkpoint_root(config), [], who="the trainer's process (verl's TaskRunner)"
-    )
+    return diagnosis.driver_message(exc, beats or [], checkpoint_root(config))
 
 
 def task_runner_class() -> Any:

@@ -50,7 +50,8 @@ class HeartbeatMonitor:
         for rank, (who, stage, stage_s, step, at) in sorted(self.records.items()):
             silent = now - at
             pid, node, actor = int(who["pid"]), str(who["node"]), str(who["actor"])
-            beats.append(Beat(rank, pid, node, actor, stage, stage_s + silent, silent, step))
+            node_id = str(who.get("node_id", ""))
+            beats.append(Beat(rank, pid, node, actor, stage, stage_s + silent, silent, step, node_id))
         return beats
 
 
@@ -215,12 +216,13 @@ def ray_losses(exc: BaseException) -> list[BaseException]:
     return [e for e in _chain(exc) if any(t.__name__ in _LOSS_ERRORS for t in type(e).__mro__)]
 
 
-def ray_reason(error: BaseException) -> str:
-    """Ray's account of a dead actor in one line: its pid, node and exit detail."""
+def ray_reason(error: BaseException | str) -> str:
+    """Ray's account of a dead actor in one line (from the error or its text): its pid, node and exit detail."""
     text = str(error)
     fields = dict(re.findall(r"^\s*(pid|ip|name): (\S+)", text, re.M))
     detail = re.search(r"(Worker exit detail: [^\n]*?\.|The actor died because its node has died[^\n]*)", text)
-    why = detail.group(1) if detail else text.strip().splitlines()[-1][:300] if text.strip() else type(error).__name__
+    name = type(error).__name__ if isinstance(error, BaseException) else "an error without text"
+    why = detail.group(1) if detail else text.strip().splitlines()[-1][:300] if text.strip() else name
     where = ", ".join(f"{k} {fields[k]}" for k in ("pid", "ip") if k in fields)
     return f"{why} ({where})" if where else why
 
@@ -308,14 +310,17 @@ def describe_loss(
             "the named node: a worker that stops answering is stopped, stuck in the device driver (npu-smi info, "
             "the device log under /var/log/npu) or cut off with its node (its Ray log)"
         )
-    decision = resume_decision(checkpoint_root)
-    if decision.ok and decision.step:
-        resume = f"relaunch the same command: it resumes from global_step_{decision.step} under {checkpoint_root}"
-    elif decision.ok:
-        resume = f"relaunch the same command: no checkpoint was saved yet under {checkpoint_root}, it starts at step 0"
-    else:
-        resume = f"the relaunch will refuse to resume: {decision.message}"
     return (
         f"the run stopped{' in ' + where if where else ''}: {what}. The job's other workers were stopped with it. "
-        f"Check {check}. Then {resume}."
+        f"Check {check}. Then {resume_advice(checkpoint_root)}."
     )
+
+
+def resume_advice(checkpoint_root: Path) -> str:
+    """What the relaunch will do with the checkpoints under ``checkpoint_root`` (the end of every loss message)."""
+    decision = resume_decision(checkpoint_root)
+    if decision.ok and decision.step:
+        return f"relaunch the same command: it resumes from global_step_{decision.step} under {checkpoint_root}"
+    if decision.ok:
+        return f"relaunch the same command: no checkpoint was saved yet under {checkpoint_root}, it starts at step 0"
+    return f"the relaunch will refuse to resume: {decision.message}"

@@ -8,7 +8,10 @@
 # preflight, starts Ray, waits until NNODES x NPUS_PER_NODE NPUs have joined (RAY_WAIT_TIMEOUT; NODE_IPS names the
 # nodes it waits for) and then runs the training (R1_ASCEND_LAUNCH_CMD). Every other node joins as a worker,
 # retrying until RAY_JOIN_TIMEOUT. `bash scripts/ray_start_npu.sh stop` stops the Ray processes this script started
-# on this node (by the PID it recorded), and nothing else. Variables and defaults: docs/environment.md.
+# on this node (by the PID it recorded), and nothing else. Every process of a start (Ray's daemons, its workers and
+# whatever they forked, orphaned or not) carries R1_ASCEND_RAY_START_ID in its environment: `stop`, and a start that
+# finds the previous one gone (a node lost and brought back), stop what is left of it by that mark. Variables and
+# defaults: docs/environment.md.
 set -euo pipefail
 
 # shellcheck source=scripts/lib.sh
@@ -23,6 +26,40 @@ die() { echo "[ray_start_npu] error: $*" >&2; exit 1; }
 
 run_dir="${R1_ASCEND_RUN_DIR:-${repo_root}/outputs/ray/$(hostname -s)}"
 mkdir -p "${run_dir}"
+
+# The pids of this user's processes whose environment carries R1_ASCEND_RAY_START_ID=$1 (one per line).
+processes_of_start() {
+    local id="$1" environ pid
+    for environ in /proc/[0-9]*/environ; do
+        pid="${environ#/proc/}"
+        pid="${pid%/environ}"
+        [[ "${pid}" != "$$" && -O "/proc/${pid}" ]] || continue
+        if grep -qzxF -- "R1_ASCEND_RAY_START_ID=${id}" "${environ}" 2>/dev/null; then
+            echo "${pid}"
+        fi
+    done
+}
+
+# Stop every process left of the start recorded in pid file $1 (SIGTERM, then SIGKILL after 10 s): a worker whose
+# raylet died is orphaned to PID 1 with what it forked, holding its NPU memory, and no longer names the session.
+stop_left_of_start() {
+    local pidfile="$1" id left
+    id="$(cat "${pidfile%.pid}.startid" 2>/dev/null || true)"
+    [[ -n "${id}" ]] || return 0
+    left="$(processes_of_start "${id}")"
+    [[ -n "${left}" ]] || return 0
+    log "stopping what Ray start ${id} left running: ${left//$'\n'/ }"
+    # shellcheck disable=SC2086 # one PID per word
+    kill -TERM ${left} 2>/dev/null || true
+    for _ in $(seq 1 10); do
+        left="$(processes_of_start "${id}")"
+        [[ -n "${left}" ]] || return 0
+        sleep 1
+    done
+    log "still running after 10 s, killing: ${left//$'\n'/ }"
+    # shellcheck disable=SC2086 # one PID per word
+    kill -KILL ${left} 2>/dev/null || true
+}
 
 stop_recorded() {
     local pidfile pid session stopped=0
@@ -49,7 +86,8 @@ stop_recorded() {
                 kill -TERM ${left} 2>/dev/null || true
             fi
         fi
-        rm -f "${pidfile}" "${pidfile%.pid}.tempdir"
+        stop_left_of_start "${pidfile}"
+        rm -f "${pidfile}" "${pidfile%.pid}.tempdir" "${pidfile%.pid}.startid"
         stopped=1
     done
     (( stopped )) || log "no Ray processes recorded in ${run_dir}"
@@ -134,14 +172,25 @@ ray_log="${run_dir}/ray-${role}-${node_ip}.log"
 
 start_ray() {
     # `ray start --block` stays in the foreground as the parent of every Ray process it starts; killing it (stop)
-    # stops exactly those. It runs detached from this shell so the node keeps serving after the script ends.
-    nohup "${ray_bin}" start "$@" "${common_args[@]}" "${extra_args[@]}" >> "${ray_log}" 2>&1 < /dev/null &
+    # stops exactly those. It runs detached from this shell so the node keeps serving after the script ends. Its
+    # environment marks every process of this start, the ones it outlives included (stop_left_of_start).
+    local start_id
+    start_id="${node_ip}-${ray_port}-$(date +%s%N)-$$"
+    R1_ASCEND_RAY_START_ID="${start_id}" \
+        nohup "${ray_bin}" start "$@" "${common_args[@]}" "${extra_args[@]}" >> "${ray_log}" 2>&1 < /dev/null &
     echo "$!" > "${pidfile}"
     echo "${temp_dir}" > "${pidfile%.pid}.tempdir"
+    echo "${start_id}" > "${pidfile%.pid}.startid"
 }
 
 if [[ -e "${pidfile}" ]] && kill -0 "$(cat "${pidfile}")" 2>/dev/null; then
     die "Ray is already running from this script on this node (pid $(cat "${pidfile}")); run: bash scripts/ray_start_npu.sh stop"
+fi
+if [[ -e "${pidfile}" ]]; then
+    # the previous start's `ray start` is gone without `stop` (its node was lost: the raylet killed or crashed):
+    # what it left (workers orphaned to PID 1, what they forked) would keep the NPUs this start needs
+    log "the previous Ray start on this node (pid $(cat "${pidfile}")) ended without stop"
+    stop_left_of_start "${pidfile}"
 fi
 
 if [[ "${role}" == head ]]; then
@@ -204,7 +253,8 @@ while :; do
         kill -0 "${pid}" 2>/dev/null || break
         sleep 1
     done
-    rm -f "${pidfile}"
+    stop_left_of_start "${pidfile}"
+    rm -f "${pidfile}" "${pidfile%.pid}.startid"
     if (( $(date +%s) >= join_deadline )); then
         die "could not join the Ray head at ${ray_address} within ${join_timeout} s (${attempt} attempts);" \
             "is the head started, is MASTER_ADDR right, is port ${ray_port} reachable from ${node_ip}? log: ${ray_log}"

@@ -97,6 +97,7 @@ class Beat:
     stage_s: float  # how long it has been in that stage
     silent_s: float  # how long since its last heartbeat
     step: int | None = None  # the training step the trainer passed with the stage's batch, when it did
+    node_id: str = ""  # Ray's id of the worker's node ("" when unknown): a node that rejoins gets a new one
 
     def where(self) -> str:
         return f"rank {self.rank} (pid {self.pid} on node {self.node})"

@@ -95,6 +95,11 @@ class Plan:
 #: half as long (the weight sync and the device-side bookkeeping stay).
 FAULT_BATCH = {"prompts_per_step": 4, "samples_per_prompt": 4}
 
+def node_ip(index: int) -> str:
+    """The loopback address of simulated node ``index`` (the head is node 0)."""
+    return f"127.0.0.{index + 2}"
+
+
 #: The watchdog's settings in the rehearsal: 6 missed heartbeats (a loaded 2-core host delays a beat by seconds)
 #: and a stage limit 10x the longest stage of a healthy rehearsal (the first init_model, about a minute).
 WATCHDOG = {"silence_s": 30, "stage_s": 600, "poll_s": 2}
@@ -180,6 +185,11 @@ def overrides(plan: Plan, inputs: Inputs, out: Path, repo_root: Path) -> list[st
             if plan.rollout_fault
             else []
         ),
+        # the driver on the head node's raylet, as on a cluster: the simulated nodes share one host and so one Ray
+        # session directory, whose node_ip_address.json names the node started last; a driver connecting without
+        # an address of its own attaches to that node's raylet, and losing that node took the driver's actors
+        # (the TaskRunner, "Owner's node has crashed") with it
+        f"+ray_kwargs.ray_init._node_ip_address={node_ip(0)}",
         *(
             [f"+ray_kwargs.ray_init.runtime_env.env_vars.{envs.R1_ASCEND_REHEARSE_ACTOR_FAULT}='{plan.actor_fault}'"]
             if plan.actor_fault

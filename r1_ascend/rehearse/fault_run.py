@@ -24,6 +24,7 @@ from r1_ascend.rehearse.run import (
     new_cluster,
     node_dir,
     node_ip,
+    node_pid_files,
     prepare,
     rejoin_node,
     relaunch,
@@ -50,7 +51,8 @@ def rehearse_fault(out: Path, fault: str, plan: Plan, sampler: RssSampler, weigh
         elif fault in process_faults.PROCESS_FAULTS:
             last = node_ip(plan.nodes - 1)
             pid_file = node_dir(out, last) / f"ray-worker-{last}.pid"
-            outcome = process_faults.plant(fault, head, out, plan, logs[0], pid_file, last)
+            scope = process_faults.RunScope(cluster.temp_dir, cluster.began, node_pid_files(cluster))
+            outcome = process_faults.plant(fault, head, out, plan, logs[0], pid_file, last, scope)
             _log(f"{fault}: stopped {outcome.stop_s} s after the fault: {outcome.seen['error'][:300]}")
             if process_faults.PROCESS_FAULTS[fault].node:
                 _log(f"node {last} rejoins the cluster")

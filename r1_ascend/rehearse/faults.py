@@ -105,6 +105,14 @@ def _alive(pids: set[int]) -> set[int]:
     return alive
 
 
+def _describe(pid: int) -> str:
+    try:
+        process = psutil.Process(pid)
+        return f"pid {pid} (parent {process.ppid()}): {' '.join(process.cmdline())[:120] or process.name()}"
+    except psutil.Error:
+        return f"pid {pid}"
+
+
 def worker_pids(out: Path) -> set[int]:
     return {int(e["pid"]) for e in read_lifecycle(out / "lifecycle")}
 
@@ -123,7 +131,8 @@ def time_to_stop(
     try:
         _wait(lambda: not _alive(pids), "workers to exit", max(since + bound - time.monotonic(), 1.0), poll=0.1)
     except FaultError:
-        msg = f"workers {sorted(_alive(pids))} still run {bound:g} s after the fault; log: {log}"
+        left = "; ".join(_describe(pid) for pid in sorted(_alive(pids)))
+        msg = f"processes of the run still run {bound:g} s after the fault: {left}; log: {log}"
         raise FaultError(msg) from None
     return round(time.monotonic() - since, 1)
 

@@ -10,10 +10,11 @@ time:
 - ``node-loss``: SIGKILL the raylet of the last simulated node while a worker is in ``update_actor``: Ray's node
   on it ends, with every process it ran.
 
-The run must stop within :data:`r1_ascend.rehearse.faults.STOP_BOUND_S` with ``WorkerLostError`` naming the stage,
-the worker (or node) and ``global_step_1``; then no process of the run (driver, workers, the lost node's Ray) may be
-left. The relaunch (after the lost node rejoined) must resume from ``global_step_1`` and pass the plain rehearsal's
-verdicts.
+The run must stop within :data:`r1_ascend.rehearse.faults.STOP_BOUND_S` with ``WorkerLostError`` naming the step,
+the stage, the worker (or the lost node, without pointing to the OOM killer) and ``global_step_1``; then no process
+of the run (driver, workers, what they forked, the lost node's Ray) may be left anywhere on the machine
+(r1_ascend.rehearse.leftovers). The relaunch (after the lost node rejoined) must resume from ``global_step_1`` and
+pass the plain rehearsal's verdicts.
 """
 
 from __future__ import annotations
@@ -39,7 +40,22 @@ from r1_ascend.rehearse.faults import (
     time_to_stop,
     worker_pids,
 )
+from r1_ascend.rehearse.leftovers import Leftover, node_daemons, run_processes
 from r1_ascend.rehearse.lifecycle import read_lifecycle
+
+
+@dataclass(frozen=True)
+class RunScope:
+    """How to find every process of the faulted run on this machine: its Ray temp dir, when it began (seconds since
+    the epoch) and the nodes' ``ray start`` pid files (their Ray daemons stay up for the relaunch)."""
+
+    temp_dir: str
+    began: float
+    pid_files: tuple[Path, ...]
+
+    def left(self) -> list[Leftover]:
+        """What of the run still runs anywhere on the machine, the live nodes' daemons aside."""
+        return run_processes(self.temp_dir, self.began, ignore=node_daemons(self.pid_files))
 
 
 @dataclass(frozen=True)
@@ -114,9 +130,18 @@ def raylet_of(pids: set[int]) -> int:
 
 
 def plant(
-    name: str, driver: subprocess.Popen, out: Path, plan: Plan, log: Path, node_pid_file: Path, node_ip: str
+    name: str,
+    driver: subprocess.Popen,
+    out: Path,
+    plan: Plan,
+    log: Path,
+    node_pid_file: Path,
+    node_ip: str,
+    scope: RunScope,
 ) -> FaultOutcome:
-    """Wait for step ``STEP``'s stage, plant the fault, and measure until nothing of the run is left."""
+    """Wait for step ``STEP``'s stage, plant the fault, and measure until nothing of the run is left: the pids it
+    recorded, what they forked, the lost node's Ray, and whatever else on the machine belongs to the run
+    (``scope``)."""
     fault = PROCESS_FAULTS[name]
     _wait_tracked(out, STEP - 1, driver, log)
     tracked_at = time.time()
@@ -136,7 +161,9 @@ def plant(
     since = time.monotonic()
     what = f"the raylet of node {node_ip} (pid {victim})" if fault.node else f"worker pid {victim}"
     try:
-        stop_s = time_to_stop(driver, lambda: workers | node_processes, since, log, STOP_BOUND_S)
+        stop_s = time_to_stop(
+            driver, lambda: workers | node_processes | {p.pid for p in scope.left()}, since, log, STOP_BOUND_S
+        )
     finally:
         if fault.signal == signal.SIGSTOP and psutil.pid_exists(victim):
             # a run that did not stop leaves the stopped process (and what it forked) behind: only SIGKILL reaches it
@@ -144,20 +171,31 @@ def plant(
             for process in [*stopped.children(recursive=True), stopped]:
                 with contextlib.suppress(psutil.NoSuchProcess):
                     process.kill()
+    left = scope.left()
+    if left:
+        listed = "; ".join(p.describe() for p in left)
+        raise FaultError(f"{name}: processes of the run still run after it stopped: {listed}; log: {log}")
     error = _error_line(log, "WorkerLostError: ")
-    expected = [f"global_step_{STEP - 1}"]
-    expected += [node_ip] if fault.node else [f"pid {victim}", fault.stage]
+    expected = [f"global_step_{STEP - 1}", f"training step {STEP}", fault.stage]
+    expected += [f"node {node_ip} was lost"] if fault.node else [f"pid {victim}"]
     expected += ["watchdog"] if fault.signal == signal.SIGSTOP else []
-    if driver.returncode == 0 or not all(part in error for part in expected):
+    misleading = ["OOM killer"] if fault.node else []
+    if (
+        driver.returncode == 0
+        or not all(part in error for part in expected)
+        or any(part in error for part in misleading)
+    ):
         raise FaultError(
             f"{name}: after {fault.signal.name} to {what} in {fault.stage} the run did not stop with a "
-            f"WorkerLostError naming {', '.join(expected)} (exit code {driver.returncode}; error line: "
-            f"{error[:600]!r}); log: {log}"
+            f"WorkerLostError naming {', '.join(expected)}"
+            + (f" and not {', '.join(misleading)}" if misleading else "")
+            + f" (exit code {driver.returncode}; error line: {error[:600]!r}); log: {log}"
         )
     _require_complete(out, STEP - 1, f"after {name}")
     seen = {
         "signalled": f"{fault.signal.name} to {what} in {fault.stage}",
         "processes_at_fault": tree,
-        "error": error[:900],
+        "processes_left": len(left),
+        "error": error[:1200],
     }
     return FaultOutcome(name, STEP, STEP - 1, workers, stop_s, seen)

@@ -39,7 +39,7 @@ import psutil
 
 from r1_ascend.rehearse import expert_checks, training
 from r1_ascend.rehearse.budget import RssSampler
-from r1_ascend.rehearse.config import Plan, driver_command
+from r1_ascend.rehearse.config import Plan, driver_command, node_ip
 from r1_ascend.rehearse.export import ExportError, export
 from r1_ascend.rehearse.faults import FAULTS, MOE_FAULTS, PROCESS_FAULTS, FaultError, plan_for
 from r1_ascend.rehearse.inputs import make_inputs
@@ -83,6 +83,7 @@ class Cluster:
     envs: list[dict[str, str]] = field(default_factory=list)
     temp_dir: str = ""
     drivers: list[subprocess.Popen] = field(default_factory=list)
+    began: float = field(default_factory=time.time)  # seconds since the epoch, before any process was started
 
     @property
     def head_ip(self) -> str:
@@ -104,14 +105,16 @@ def make_netns() -> tuple[list[str], str | None]:
     return prefix, name
 
 
-def node_ip(index: int) -> str:
-    """The loopback address of simulated node ``index`` (the head is node 0)."""
-    return f"127.0.0.{index + 2}"
-
-
 def node_dir(out: Path, ip: str) -> Path:
     """A simulated node's run directory (its ``R1_ASCEND_RUN_DIR``: pid files and Ray start logs)."""
     return out / "nodes" / ip
+
+
+def node_pid_files(cluster: Cluster) -> tuple[Path, ...]:
+    """The pid files ``ray_start_npu.sh`` writes for each node's ``ray start --block`` (head first)."""
+    roles = ["head"] + ["worker"] * (cluster.plan.nodes - 1)
+    ips = [node_ip(i) for i in range(cluster.plan.nodes)]
+    return tuple(node_dir(cluster.out, ip) / f"ray-{role}-{ip}.pid" for role, ip in zip(roles, ips, strict=True))
 
 
 def node_envs(out: Path, plan: Plan, launch: Path) -> tuple[list[dict[str, str]], str]:

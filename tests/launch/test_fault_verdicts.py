@@ -184,7 +184,7 @@ def test_a_worker_still_alive_after_the_bound_fails(tmp_path: Path) -> None:
     import time
 
     me = os.getpid()
-    with pytest.raises(FaultError, match=rf"workers \[{me}\] still run 0\.5 s after the fault"):
+    with pytest.raises(FaultError, match=rf"processes of the run still run 0\.5 s after the fault: pid {me} "):
         time_to_stop(finished(1), lambda: {me}, time.monotonic(), tmp_path / "log", 0.5)
 
 

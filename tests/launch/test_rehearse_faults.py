@@ -25,6 +25,7 @@ import pytest
 from r1_ascend.patches.rules.checkpoints import read_tracker
 from r1_ascend.rehearse.config import Plan, with_overrides
 from r1_ascend.rehearse.faults import RELAUNCH_BOUND_S, STOP_BOUND_S, FaultError, check_kept, plan_for, worker_pids
+from r1_ascend.rehearse.leftovers import run_processes
 from r1_ascend.rehearse.lifecycle import read_lifecycle
 from r1_ascend.rehearse.process_faults import with_descendants
 from r1_ascend.rehearse.run import RehearsalError
@@ -92,19 +93,23 @@ def _rehearse(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=1200, check=False)
 
 
-def _nothing_left(summary: dict) -> None:
-    left = subprocess.run(["pgrep", "-f", summary["ray_temp_dir"]], capture_output=True, text=True, check=False)
-    assert left.stdout.split() == [], f"processes left under {summary['ray_temp_dir']}"
+def _nothing_left(summary: dict, began: float) -> None:
+    """Nothing of the rehearsal runs anywhere on the machine: no process whose command line, environment or open
+    files name its Ray temp dir (a worker orphaned to PID 1 with what it forked included), and no Ray worker started
+    since ``began`` that no other Ray session claims."""
+    left = run_processes(summary["ray_temp_dir"], began)
+    assert left == [], "processes of the rehearsal left:\n" + "\n".join(p.describe() for p in left)
     if summary["netns"]:
         names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
         assert summary["netns"] not in names
 
 
 def _fault(out: Path, name: str, weights: Path) -> dict:
+    began = time.time()
     done = _rehearse("--fault", name, "--output-dir", str(out), "--weights", str(weights))
     assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
     summary = json.loads((out / f"summary-{name}.json").read_text())
-    _nothing_left(summary)
+    _nothing_left(summary, began)
     return summary
 
 
@@ -145,12 +150,13 @@ def test_corrupt_latest_is_refused_and_resume_from_the_printed_checkpoint_finish
     assert fix.group(1) == str(out / "checkpoints" / "global_step_1")
     broken = out / "checkpoints" / "global_step_2"
     shutil.move(broken, broken.with_name("global_step_2.broken"))  # the fix's first half: move it aside
+    began = time.time()
     done = _rehearse("--resume", "--output-dir", str(out), fix.group(0).split()[0], fix.group(0).split()[1])
     assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
     resumed = json.loads((out / "summary-resume.json").read_text())
     assert resumed["resumed_from_step"] == 1
     assert resumed["steps_run"] == {"run 3 (resumed)": [2, 3]}
-    _nothing_left(resumed)
+    _nothing_left(resumed, began)
 
 
 @pytest.mark.slow
@@ -160,7 +166,7 @@ def test_corrupt_latest_is_refused_and_resume_from_the_printed_checkpoint_finish
         ("kill-actor-worker", "update_actor", "pid"),
         ("kill-rollout", "generate_sequences", "pid"),
         ("hang", "update_actor", "watchdog"),
-        ("node-loss", "update_actor", "127.0.0.3"),
+        ("node-loss", "update_actor", "node 127.0.0.3 was lost"),
     ],
 )
 def test_a_lost_or_stuck_worker_stops_the_run_clearly_and_it_resumes(
@@ -169,10 +175,13 @@ def test_a_lost_or_stuck_worker_stops_the_run_clearly_and_it_resumes(
     summary = _fault(tmp_path / "out", name, weights)
     fault = summary["fault"]
     assert fault["time_to_stop_s"] < STOP_BOUND_S
-    assert fault["error"].startswith("WorkerLostError: the run stopped in training step 2")
+    assert fault["error"].startswith(f"WorkerLostError: the run stopped in training step 2, stage {stage}")
     assert stage in fault["signalled"]
     assert names in fault["error"]
     assert "resumes from global_step_1" in fault["error"]
+    assert fault["processes_left"] == 0
+    if name == "node-loss":  # the node is named as lost, and the user is not sent to the OOM killer
+        assert "OOM" not in fault["error"]
     assert summary["resumed_from_step"] == 1
     assert summary["steps_run"]["run 2 (resumed)"] == [2]
 
@@ -182,6 +191,7 @@ def test_without_the_watchdog_a_hang_is_not_stopped(tmp_path: Path, weights: Pat
     """The hang is stopped by the watchdog alone: switched off, nothing notices a stopped worker (the rehearsal then
     ends the process it stopped)."""
     out = tmp_path / "out"
+    began = time.time()
     done = _rehearse(
         "--fault", "hang", "--output-dir", str(out), "--weights", str(weights), "r1_ascend.watchdog.enabled=false"
     )
@@ -189,6 +199,7 @@ def test_without_the_watchdog_a_hang_is_not_stopped(tmp_path: Path, weights: Pat
     assert f"still runs {STOP_BOUND_S:g} s after the fault" in done.stderr
     left = [p for p in worker_pids(out) if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert left == [], f"the rehearsal left processes of the hung run: {left}"
+    _nothing_left({"ray_temp_dir": _temp_dir(done.stdout), "netns": None}, began)
 
 
 @pytest.mark.slow
@@ -198,6 +209,7 @@ def test_a_worker_killed_from_outside_stops_the_rehearsal_clearly_and_resume_fin
     """SIGKILL a random rollout worker at a random moment of a plain rehearsal (the rehearsal does not choose it)."""
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "r1_ascend.cli", "rehearse", "--output-dir", str(out), "--weights", str(weights)]
+    began = time.time()
     rehearsal = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     chooser = random.Random()
     delay = chooser.uniform(0.0, 12.0)  # within steps 1-3: before the rehearsal's own kill in step 5
@@ -222,12 +234,21 @@ def test_a_worker_killed_from_outside_stops_the_rehearsal_clearly_and_resume_fin
     assert took < STOP_BOUND_S + 120, f"the rehearsal took {took:.0f} s to stop (stopping the nodes included)"
     left = [pid for pid in tree if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     assert left == [], f"processes of the killed run left: {left}"
+    _nothing_left({"ray_temp_dir": _temp_dir(stdout), "netns": None}, began)
+    began = time.time()
     done = _rehearse("--resume", "--output-dir", str(out))
     assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
     resumed = json.loads((out / "summary-resume.json").read_text())
     expected = tracked if isinstance(tracked, int) else 0
     assert resumed["resumed_from_step"] == expected, (entered, delay, tracked)
-    _nothing_left(resumed)
+    _nothing_left(resumed, began)
+
+
+def _temp_dir(stdout: str) -> str:
+    """The Ray temp dir a rehearsal announced (``cluster: ... Ray temp dir /tmp/r1rh-...``)."""
+    found = re.search(r"Ray temp dir (\S+)", stdout)
+    assert found, f"the rehearsal did not announce its Ray temp dir: {stdout[-2000:]}"
+    return found.group(1)
 
 
 def _first_training_stage(out: Path) -> dict | None:
