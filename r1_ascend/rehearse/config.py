@@ -95,6 +95,7 @@ class Plan:
 #: half as long (the weight sync and the device-side bookkeeping stay).
 FAULT_BATCH = {"prompts_per_step": 4, "samples_per_prompt": 4}
 
+
 def node_ip(index: int) -> str:
     """The loopback address of simulated node ``index`` (the head is node 0)."""
     return f"127.0.0.{index + 2}"
