@@ -569,6 +569,14 @@ def main(argv: list[str] | None = None) -> int:
         "rise is not required",
     )
     parser.add_argument(
+        "--steps",
+        type=int,
+        default=Plan.total_steps,
+        help=f"training steps (default {Plan.total_steps}); the kill comes in the step after the checkpoint of step "
+        f"STEPS // 2. The reward's rise is judged only at {Plan.total_steps} or more: fewer steps check the loop, "
+        "the kill and the resume, not learning",
+    )
+    parser.add_argument(
         "--weights",
         type=Path,
         help="the quickstart's converted checkpoint to start from (outputs/quickstart/weights: hf-bf16/ and mcore/); "
@@ -614,14 +622,22 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--nodes must be >= 2 and --npus-per-node >= 1")
     if args.lr < 0:
         parser.error("--lr must be >= 0")
+    if args.steps < 2:
+        parser.error("--steps must be >= 2: a checkpoint, then a step the driver is killed in")
+    if args.steps != Plan.total_steps and (args.resume or args.fault or args.rollout_fault):
+        parser.error("--steps sets a plain rehearsal's length; --resume and the fault runs have their own")
     if args.overrides and not (args.resume or args.fault):
         parser.error("overrides (key=value) are only taken with --resume or --fault")
     if args.resume and (args.fault or args.rollout_fault):
         parser.error("--resume continues a rehearsal; it plants no fault")
     if args.fault and args.rollout_fault:
         parser.error("plant one fault per run: --fault or --rollout-fault")
-    rise = Plan.min_reward_rise if args.lr > 0 else None
+    rise = Plan.min_reward_rise if args.lr > 0 and args.steps >= Plan.total_steps else None
+    half = max(1, args.steps // 2)
     plan = Plan(
+        total_steps=args.steps,
+        save_freq=half,
+        test_freq=half,
         nodes=args.nodes,
         npus_per_node=args.npus_per_node,
         lr=args.lr,

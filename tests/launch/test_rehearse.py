@@ -66,10 +66,12 @@ def test_preludes_must_name_every_required_patch() -> None:
 
 
 @pytest.mark.slow
-def test_rehearsal_runs_kills_resumes_and_reports(tmp_path: Path) -> None:
+def test_rehearsal_runs_kills_resumes_and_reports(tmp_path: Path, weights: Path) -> None:
+    """The shipped plan end to end (the checkpoint conversion it does without ``--weights`` is the session's
+    ``weights`` fixture, the same ``make_weights``)."""
     out = tmp_path / "rehearse"
     done = subprocess.run(
-        [sys.executable, "-m", "r1_ascend.cli", "rehearse", "--output-dir", str(out)],
+        [sys.executable, "-m", "r1_ascend.cli", "rehearse", "--output-dir", str(out), "--weights", str(weights)],
         capture_output=True,
         text=True,
         timeout=1800,
@@ -175,3 +177,33 @@ def test_rehearsal_config_composes_and_passes_the_recipe_checks(tmp_path: Path) 
         restore_all()
     modules = config.ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES.split(",")
     assert modules == ["r1_ascend.patches.prelude", "r1_ascend.rehearse.standins"]
+
+
+@pytest.mark.parametrize(("steps", "save", "judged"), [(10, 5, True), (12, 6, True), (4, 2, False), (2, 1, False)])
+def test_steps_set_the_kill_and_whether_learning_is_judged(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, steps: int, save: int, judged: bool
+) -> None:
+    from r1_ascend.rehearse import run
+
+    seen: list[Plan] = []
+
+    def capture(out: Path, plan: Plan, *_: object) -> dict:
+        seen.append(plan)
+        raise run.RehearsalError("stopped by the test")
+
+    monkeypatch.setattr(run, "rehearse", capture)
+    assert run.main(["--output-dir", str(tmp_path), "--steps", str(steps)]) == 1
+    (plan,) = seen
+    assert (plan.total_steps, plan.save_freq, plan.test_freq) == (steps, save, save)
+    assert (plan.min_reward_rise is not None) is judged
+
+
+@pytest.mark.parametrize(
+    "argv", [["--steps", "1"], ["--steps", "4", "--fault", "disk-full"], ["--steps", "4", "--resume"]]
+)
+def test_steps_that_cannot_work_are_refused(tmp_path: Path, argv: list[str]) -> None:
+    from r1_ascend.rehearse import run
+
+    with pytest.raises(SystemExit) as exc:
+        run.main(["--output-dir", str(tmp_path), *argv])
+    assert exc.value.code == 2

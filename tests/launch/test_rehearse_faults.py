@@ -208,11 +208,13 @@ def test_a_worker_killed_from_outside_stops_the_rehearsal_clearly_and_resume_fin
 ) -> None:
     """SIGKILL a random rollout worker at a random moment of a plain rehearsal (the rehearsal does not choose it)."""
     out = tmp_path / "out"
+    # 4 steps: the rehearsal's own kill comes in step 3, its resume runs steps 3-4 (what is judged needs no learning)
     cmd = [sys.executable, "-m", "r1_ascend.cli", "rehearse", "--output-dir", str(out), "--weights", str(weights)]
+    cmd += ["--steps", "4"]
     began = time.time()
     rehearsal = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     chooser = random.Random()
-    delay = chooser.uniform(0.0, 12.0)  # within steps 1-3: before the rehearsal's own kill in step 5
+    delay = chooser.uniform(0.0, 12.0)  # within step 1 or 2: before the rehearsal's own kill in step 3
     try:
         entered = _wait_until(lambda: _first_training_stage(out), 600, rehearsal)
         time.sleep(delay)

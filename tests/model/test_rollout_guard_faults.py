@@ -29,6 +29,11 @@ FAULT_STEP = 3
 #: Faults whose effect on this tiny model is within a few times bf16 noise, and why (docs/rollout_guard.md).
 NOT_SEPARABLE = {
     "yarn-off": "on 50-60 token contexts yarn changes only rotations that are negligible there",
+    **{
+        name: "one random expert adds about 1 % of the residual stream's norm to the tokens routed to it, so a fault "
+        "in its weights moves the log-probs by 0.8-4x the healthy bf16 maximum (docs/rollout_guard.md)"
+        for name in ("expert-swap", "expert-transposed", "expert-negated")
+    },
 }
 #: Faults that move this tiny model's log-probs by only a few times bf16 noise: at least flagged (a warning) at the
 #: step they are planted in; whether they are also stopped depends on the seed (docs/rollout_guard.md).
