@@ -36,3 +36,49 @@ def pytest_report_header() -> list[str]:
     names = ("verl", "vllm", "vllm-ascend", "megatron-core", "torch", "transformers", "ray")
     versions = ", ".join(f"{n} {installed_version(n) or 'missing'}" for n in names)
     return [f"upstream: {versions}", "torch_npu: CPU stub (no NPU), MindSpeed: fake (r1_ascend.testing)"]
+
+
+#: Test modules that start Ray or a rehearsal, or look at every process on the machine (marked ``machine``): with
+#: two pytest-xdist workers (scripts/test.sh) they run one after the other on one worker, so no two rehearsals share
+#: the two cores under their time bounds or see each other's processes, while the other worker takes the rest.
+#: The scheduler sees only test ids, hence a list; ``pytest_itemcollected`` checks it against the marker.
+MACHINE_MODULES = frozenset(
+    {
+        "tests/launch/test_ray_start.py",
+        "tests/launch/test_ray_start_leftovers.py",
+        "tests/launch/test_recipe_entry.py",
+        "tests/launch/test_rehearse.py",
+        "tests/launch/test_rehearse_faults.py",
+        "tests/launch/test_rehearse_leftovers.py",
+        "tests/launch/test_rehearse_moe_faults.py",
+        "tests/launch/test_rehearse_rollout_fault.py",
+        "tests/launch/test_rehearse_verdict_boundaries.py",
+        "tests/launch/test_toy_task.py",
+        "tests/launch/test_upstream_checks.py",
+        "tests/patches/test_worker_children.py",
+        "tests/recipe/test_entrypoint.py",
+        "tests/recipe/test_watchdog.py",
+        "tests/recipe/test_watchdog_decisions.py",
+    }
+)
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """A test marked ``machine`` outside :data:`MACHINE_MODULES` (or the reverse) would run beside a rehearsal."""
+    module = item.nodeid.split("::", 1)[0]
+    if bool(item.get_closest_marker("machine")) != (module in MACHINE_MODULES):
+        msg = f"{item.nodeid}: the 'machine' marker and conftest.MACHINE_MODULES disagree; mark the module and list it"
+        raise pytest.UsageError(msg)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """pytest-xdist's scope scheduling (a module is one unit, so its module fixtures are built once), with every
+    machine module in one unit."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class MachineModulesTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "machine" if module in MACHINE_MODULES else module
+
+    return MachineModulesTogether(config, log)

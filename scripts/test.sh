@@ -5,7 +5,9 @@
 #                                              rehearsal, no end-to-end conversion or model run)
 #   bash scripts/test.sh --all [pytest args]   the full tier, what CI runs: every test, slow ones included
 #
-# Extra arguments go to pytest, e.g. `bash scripts/test.sh tests/patches -k offload`.
+# Extra arguments go to pytest, e.g. `bash scripts/test.sh tests/patches -k offload`. Two pytest-xdist workers
+# (R1_ASCEND_TEST_WORKERS, 0 for none): the tests marked `machine` (Ray, rehearsals) run one at a time on one
+# worker while the other takes the rest (conftest.py).
 set -euo pipefail
 
 # shellcheck source=scripts/lib.sh
@@ -26,5 +28,6 @@ echo "test: ruff"
 echo "test: shellcheck"
 "${venv}/bin/shellcheck" scripts/*.sh .ci/run
 
-echo "test: pytest (${tier[*]:-all tests})"
-"${venv}/bin/python" -m pytest "${tier[@]}" "$@"
+workers="${R1_ASCEND_TEST_WORKERS:-2}"
+echo "test: pytest (${tier[*]:-all tests}; ${workers} workers)"
+"${venv}/bin/python" -m pytest -n "${workers}" "${tier[@]}" "$@"

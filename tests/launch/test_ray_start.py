@@ -53,7 +53,7 @@ with open({marker!r}, "w") as f:
     json.dump(seen, f)
 """
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.machine]
 
 
 def _free_port() -> int:

@@ -54,7 +54,7 @@ JOB = textwrap.dedent(
     """
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.machine]
 
 
 def _free_port() -> int:

@@ -11,6 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.machine
+
 
 def _closed_port() -> int:
     with socket.socket() as s:

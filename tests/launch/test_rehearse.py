@@ -21,6 +21,8 @@ from r1_ascend.rehearse.lifecycle import (
     check_sequence,
 )
 
+pytestmark = pytest.mark.machine
+
 
 def _events(pid: int, names: list[str]) -> list[dict]:
     return [{"t": float(i), "pid": pid, "event": name} for i, name in enumerate(names)]

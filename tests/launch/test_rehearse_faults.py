@@ -33,6 +33,8 @@ from r1_ascend.rehearse.run import RehearsalError
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "patches"))
 import checkpoint_fakes as fakes
 
+pytestmark = pytest.mark.machine
+
 # --- fast: the fault plans and verdicts ----------------------------------------------------------------------------
 
 

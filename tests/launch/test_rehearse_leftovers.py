@@ -21,6 +21,8 @@ import pytest
 
 from r1_ascend.rehearse.leftovers import node_daemons, run_processes
 
+pytestmark = pytest.mark.machine
+
 #: A process that prints "ready" and sleeps; started with its title as ``argv[0]``, its command line reads as Ray's
 #: worker titles do (``ray::WorkerDict ...``).
 SLEEPER = "import time; print('ready', flush=True); time.sleep(600)"

@@ -18,6 +18,8 @@ from r1_ascend.rehearse import moe_fault_run as moe
 from r1_ascend.rehearse.config import Plan
 from r1_ascend.rehearse.faults import FaultError
 
+pytestmark = pytest.mark.machine
+
 LAYER, EXPERT = moe.DEAD_EXPERT
 
 

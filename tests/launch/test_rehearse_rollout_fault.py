@@ -19,6 +19,8 @@ from r1_ascend.rehearse.config import Plan
 from r1_ascend.rehearse.rollout_fault_run import FAULT_STEP, STOP_BOUND_S, judge_stop, plan_for
 from r1_ascend.rehearse.run import RehearsalError
 
+pytestmark = pytest.mark.machine
+
 STOP = (
     "r1_ascend.patches._errors.RolloutActorMismatchError: rollout guard: at training step {step} the rollout's "
     "log-probs of its own sampled tokens disagree with the actor's beyond the stop level: "

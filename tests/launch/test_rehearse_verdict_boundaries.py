@@ -17,6 +17,8 @@ from r1_ascend.rehearse.config import Plan
 from r1_ascend.rehearse.lifecycle import CYCLE, LifecycleError
 from r1_ascend.rehearse.run import RehearsalError
 
+pytestmark = pytest.mark.machine
+
 PLAN = Plan(total_steps=6, save_freq=2, test_freq=2, prompts_per_step=4, samples_per_prompt=2, response_length=24)
 LOGS = [Path("run1.log"), Path("run2.log")]
 

@@ -22,6 +22,8 @@ from r1_ascend.data.template import DEEPSEEK_ASSISTANT, DEEPSEEK_EOS, render_dee
 from r1_ascend.rehearse import toy_task
 from r1_ascend.rehearse.toy_task import LEAD_CHARS, PRED_MAX_CHARS, SCORE_KEYS, compute_score
 
+pytestmark = pytest.mark.machine
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TOY_TASK_FILE = REPO_ROOT / "r1_ascend" / "rehearse" / "toy_task.py"
 

@@ -13,6 +13,8 @@ from r1_ascend.launch.checks import ERROR, OK, SKIPPED
 from r1_ascend.launch.overlays import DEFAULT_OVERLAY, QWEN_OVERLAY, SMOKE_OVERLAY
 from r1_ascend.launch.preflight import run_checks
 
+pytestmark = pytest.mark.machine
+
 SMOKE_ENV = {"NNODES": "1", "NPUS_PER_NODE": "16"}
 AR = "actor_rollout_ref"
 UPSTREAM = {"verl_config", "kl_type", "reward_function", "external_modules", "gpu_memory", "attention_heads"}

@@ -30,7 +30,7 @@ def _run_check(weights: Path, *extra: str, env: dict[str, str] | None = None) ->
 
     python_path = os.pathsep.join(filter(None, [str(SITE), os.environ.get("PYTHONPATH", "")]))
     full_env = {**os.environ, "PYTHONPATH": python_path, **(env or {})}
-    done = subprocess.run([*cmd, *extra], capture_output=True, text=True, check=False, env=full_env, timeout=300)
+    done = subprocess.run([*cmd, *extra], capture_output=True, text=True, check=False, env=full_env, timeout=900)
     result = json.loads(out.read_text(encoding="utf-8")) if out.is_file() else {}
     return done.returncode, result, done.stdout + done.stderr
 

@@ -22,7 +22,7 @@ def run(weights: Path, checkpoint: Path, mode: str, out: Path) -> dict:
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SITE), os.environ.get("PYTHONPATH", "")]))}
     cmd = [sys.executable, str(SCRIPT), str(weights), str(checkpoint), mode, str(out)]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env, timeout=300)
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env, timeout=900)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     return json.loads(out.read_text(encoding="utf-8"))
 

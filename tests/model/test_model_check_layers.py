@@ -154,7 +154,7 @@ def test_truncated_models_equal_full_models_cut_by_hand(converted: Path, tmp_pat
         text=True,
         check=False,
         env=env,
-        timeout=300,
+        timeout=900,
     )
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     result = json.loads(out.read_text(encoding="utf-8"))

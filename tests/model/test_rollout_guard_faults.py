@@ -62,7 +62,7 @@ def measured(converted: Path, tmp_path_factory: pytest.TempPathFactory) -> list[
         "--json",
         str(out),
     ]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=900, env=dict(os.environ))
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=1800, env=dict(os.environ))
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     return json.loads(out.read_text(encoding="utf-8"))
 

@@ -19,6 +19,8 @@ import time
 import psutil
 import pytest
 
+pytestmark = pytest.mark.machine
+
 #: The stand-in worker: ``install`` says whether it installs the fork handler first.
 WORKER = textwrap.dedent(
     """

@@ -18,6 +18,8 @@ from r1_ascend.recipe.checks import check_recipe_config
 from r1_ascend.recipe.runtime_env import EXTERNAL_MODULES, PRELUDE, add_overlay_to_config, ray_runtime_env
 from r1_ascend.testing.verl_config import compose_trainer as compose
 
+pytestmark = pytest.mark.machine
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STUB_SITE = REPO_ROOT / "tests" / "sitecustomize_npu"
 GOOD = ("trainer.device=npu", "actor_rollout_ref.rollout.name=vllm")

@@ -24,6 +24,8 @@ from r1_ascend.recipe import watchdog
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "patches"))
 import checkpoint_fakes as fakes
 
+pytestmark = pytest.mark.machine
+
 BEAT = Beat(rank=1, pid=4242, node="10.0.0.2", actor="wg_WorkerDict_0:1", stage="update_actor", stage_s=40.0,
             silent_s=35.0, step=12)  # fmt: skip
 PEER = Beat(rank=0, pid=4241, node="10.0.0.1", actor="wg_WorkerDict_0:0", stage="update_actor", stage_s=40.0,

@@ -22,6 +22,8 @@ from r1_ascend.recipe import watchdog
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "patches"))
 import checkpoint_fakes as fakes
 
+pytestmark = pytest.mark.machine
+
 CONFIG = WatchdogConfig(silence_s=60.0, stage_s=600.0, poll_s=5.0)
 SUSPECT_S = watchdog.SUSPECT_BEATS * BEAT_S
 
