@@ -71,14 +71,16 @@ def test_a_broken_stop_fails(tmp_path: Path, text: str, code: int, steps: list[i
 
 
 @pytest.mark.slow
-def test_routing_mismatch_planted_in_the_real_run_is_stopped(tmp_path: Path, weights: Path) -> None:
+def test_a_rollout_fault_planted_in_the_real_run_is_stopped(tmp_path: Path, weights: Path) -> None:
+    """kv-b-proj-halves: stopped by the one-process bench on the balanced tiny model (docs/rollout_guard.md), where
+    routing-ungrouped is only warned at the rehearsal's levels."""
     out = tmp_path / "rollout-fault"
     cmd = [sys.executable, "-m", "r1_ascend.cli", "rehearse", "--output-dir", str(out), "--weights", str(weights)]
     done = subprocess.run(
-        [*cmd, "--rollout-fault", "routing-ungrouped"], capture_output=True, text=True, timeout=1200, check=False
+        [*cmd, "--rollout-fault", "kv-b-proj-halves"], capture_output=True, text=True, timeout=1200, check=False
     )
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    verdict = json.loads((out / "summary-routing-ungrouped.json").read_text())["rollout_fault"]
+    verdict = json.loads((out / "summary-kv-b-proj-halves.json").read_text())["rollout_fault"]
     assert verdict["stopped_in_step"] == FAULT_STEP
     assert verdict["statistics_above_stop"], "the error names the statistics"
     assert verdict["time_to_stop_s"] <= STOP_BOUND_S

@@ -37,7 +37,7 @@ NOT_SEPARABLE = {
 }
 #: Faults that move this tiny model's log-probs by only a few times bf16 noise: at least flagged (a warning) at the
 #: step they are planted in; whether they are also stopped depends on the seed (docs/rollout_guard.md).
-FLAGGED: set[str] = set()
+FLAGGED: set[str] = {"mla-not-recomputed", "routing-ungrouped"}
 #: Faults the rehearsal's expert verdicts catch when they stay below the guard's noise (docs/rollout_guard.md):
 #: planted in one sync here, a stale bias is one update behind.
 MOE_VERDICT = {"stale-bias": "rehearse --fault stale-bias compares the engine's bias with the actor's every step"}
