@@ -649,6 +649,9 @@ def main(argv: list[str] | None = None) -> int:
     out = args.output_dir.resolve()
     weights = args.weights.resolve() if args.weights else None
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    # Ctrl-C must stop what the rehearsal starts even when its parent ignored SIGINT (a background job of a
+    # non-interactive shell, a test runner's worker): a process inherits that and Python keeps it ignored
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     start = time.monotonic()
     with RssSampler() as sampler:
         try:
