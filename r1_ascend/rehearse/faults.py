@@ -198,7 +198,7 @@ def disk_full(driver: subprocess.Popen, out: Path, plan: Plan, log: Path) -> Fau
     if f"the last complete checkpoint is global_step_{first}" not in error:
         raise FaultError(f"the error does not name the intact global_step_{first}: {error[:600]}; log: {log}")
     _require_complete(out, first, "after the failed save")
-    seen = {"error": error[:700], "exit_code": driver.returncode}
+    seen = {"error": error, "exit_code": driver.returncode}
     return FaultOutcome("disk-full", second, first, workers, stop_s, seen)
 
 
@@ -231,7 +231,7 @@ def check_refusal(
     loads = [e for e in read_lifecycle(out / "lifecycle") if e["event"] == "load_checkpoint"]
     if loads:
         raise FaultError(f"workers loaded a checkpoint before the refusal: {loads}; records: {out / 'lifecycle'}")
-    seen = {**cut, "error": error[:900], "exit_code": driver.returncode}
+    seen = {**cut, "error": error, "exit_code": driver.returncode}
     return FaultOutcome("corrupt-latest", newest, newest - 1, before, stop_s, seen)
 
 

@@ -196,6 +196,6 @@ def plant(
         "signalled": f"{fault.signal.name} to {what} in {fault.stage}",
         "processes_at_fault": tree,
         "processes_left": len(left),
-        "error": error[:1200],
+        "error": error,
     }
     return FaultOutcome(name, STEP, STEP - 1, workers, stop_s, seen)

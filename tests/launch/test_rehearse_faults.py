@@ -24,7 +24,15 @@ import pytest
 
 from r1_ascend.patches.rules.checkpoints import read_tracker
 from r1_ascend.rehearse.config import Plan, with_overrides
-from r1_ascend.rehearse.faults import RELAUNCH_BOUND_S, STOP_BOUND_S, FaultError, check_kept, plan_for, worker_pids
+from r1_ascend.rehearse.faults import (
+    RELAUNCH_BOUND_S,
+    STOP_BOUND_S,
+    FaultError,
+    check_kept,
+    check_refusal,
+    plan_for,
+    worker_pids,
+)
 from r1_ascend.rehearse.leftovers import run_processes
 from r1_ascend.rehearse.lifecycle import read_lifecycle
 from r1_ascend.rehearse.process_faults import with_descendants
@@ -113,6 +121,26 @@ def _fault(out: Path, name: str, weights: Path) -> dict:
     summary = json.loads((out / f"summary-{name}.json").read_text())
     _nothing_left(summary, began)
     return summary
+
+
+@pytest.mark.parametrize("depth", [1, 60, 200])
+def test_the_refusal_keeps_the_whole_error_however_long_its_paths(tmp_path: Path, depth: int) -> None:
+    """The printed fix ends with the resume path; a summary that cut the error cut the path the user copies."""
+    out = tmp_path.joinpath(*(["deep"] * depth), "out")
+    (out / "lifecycle").mkdir(parents=True)
+    good, shard = out / "checkpoints" / "global_step_1", out / "checkpoints" / "global_step_2" / "__0_0.distcp"
+    error = (
+        f"CheckpointResumeError: patch verl_checkpoint_integrity: cannot resume: the tracker names step 2, but {shard}"
+        f" is truncated. Fix: resume from global_step_1: trainer.resume_mode=resume_path "
+        f"trainer.resume_from_path={good}"
+    )
+    log = tmp_path / "run2.log"
+    log.write_text(f"Traceback (most recent call last):\nr1_ascend.patches._errors.{error}\n", encoding="utf-8")
+    driver = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
+    cut = {"truncated": str(shard), "bytes": "2 -> 1", "newest": 2}
+    outcome = check_refusal(driver, out, log, cut, time.monotonic(), set())
+    assert outcome.seen["error"] == error
+    assert (outcome.step, outcome.resume_from) == (2, 1)
 
 
 @pytest.mark.slow

@@ -126,7 +126,7 @@ def test_ungrouped_routing_is_caught_in_the_first_moe_layer(converted: Path, run
     code, result, output = run_check(converted, "--dist-ckpt", str(converted / "mcore"), "--layers", "2", env=env)
     assert code == 1, output[-3000:]
     assert result["layers"] == 2
-    assert result["mean_abs_logprob_gap"] > 0.01
+    assert result["mean_abs_logprob_gap"] > 100 * model_check.TOLERANCES["fp32"][1]  # far outside the tolerance
     assert "group-limited routing" in output
 
 
@@ -161,4 +161,5 @@ def test_truncated_models_equal_full_models_cut_by_hand(converted: Path, tmp_pat
     assert result["megatron_layers"] == result["transformers_layers"] == 2
     assert result["megatron_vs_cut"] == 0.0
     assert result["transformers_vs_cut"] == 0.0
-    assert result["truncated_vs_full"] > 0.1  # the cut matters: the comparison is not vacuous
+    # the cut matters (the comparison is not vacuous): far above the gap allowed between equal models
+    assert result["truncated_vs_full"] > 100 * model_check.TOLERANCES["fp32"][0]

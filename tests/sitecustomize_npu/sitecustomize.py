@@ -1,13 +1,7 @@
 """Loaded by Python at start-up when this directory is on PYTHONPATH: gives subprocesses and Ray workers of the
-test suite the same torch_npu stub (and, if available, the fake MindSpeed) as the pytest process."""
+test suite the same torch_npu stub and fake MindSpeed as the pytest process, installed when a process first imports
+torch, torch_npu or MindSpeed (as in the rehearsal's processes)."""
 
-from r1_ascend.testing import npu_stub
+from r1_ascend.testing.stand_in_site import install_stand_ins_on_first_import
 
-npu_stub.install()
-
-try:
-    from r1_ascend.testing import mindspeed_fake
-except ImportError:  # the fake is optional for tests that do not touch MindSpeed
-    pass
-else:
-    mindspeed_fake.install()
+install_stand_ins_on_first_import()
