@@ -2,8 +2,8 @@
 the rollout guard at that step, before it is checkpointed, and the run leaves nothing behind.
 
 The fast tests feed the run's verdict logs of a stopped, a missed and a late stop. The slow test plants
-``routing-ungrouped`` (the engine routes over all experts) into the real 2-step run; with the guard switched off
-(``R1_ASCEND_DISABLE=verl_rollout_guard``) the same run trains to the end and the verdict fails.
+``stale-layers`` (the engine's last two layers keep the previous step's weights) into the real 2-step run; with the
+guard switched off (``R1_ASCEND_DISABLE=verl_rollout_guard``) the same run trains to the end and the verdict fails.
 """
 
 from __future__ import annotations
@@ -72,15 +72,15 @@ def test_a_broken_stop_fails(tmp_path: Path, text: str, code: int, steps: list[i
 
 @pytest.mark.slow
 def test_a_rollout_fault_planted_in_the_real_run_is_stopped(tmp_path: Path, weights: Path) -> None:
-    """kv-b-proj-halves: stopped by the one-process bench on the balanced tiny model (docs/rollout_guard.md), where
-    routing-ungrouped is only warned at the rehearsal's levels."""
+    """stale-layers: the fault with the widest margin over the stop level that is not a whole sync missed (the
+    one-process bench, seed 0: median 0.030 against the stop level 0.008, docs/rollout_guard.md)."""
     out = tmp_path / "rollout-fault"
     cmd = [sys.executable, "-m", "r1_ascend.cli", "rehearse", "--output-dir", str(out), "--weights", str(weights)]
     done = subprocess.run(
-        [*cmd, "--rollout-fault", "kv-b-proj-halves"], capture_output=True, text=True, timeout=1200, check=False
+        [*cmd, "--rollout-fault", "stale-layers"], capture_output=True, text=True, timeout=1200, check=False
     )
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    verdict = json.loads((out / "summary-kv-b-proj-halves.json").read_text())["rollout_fault"]
+    verdict = json.loads((out / "summary-stale-layers.json").read_text())["rollout_fault"]
     assert verdict["stopped_in_step"] == FAULT_STEP
     assert verdict["statistics_above_stop"], "the error names the statistics"
     assert verdict["time_to_stop_s"] <= STOP_BOUND_S

@@ -35,12 +35,6 @@ NOT_SEPARABLE = {
         for name in ("expert-swap", "expert-transposed", "expert-negated")
     },
 }
-#: Faults that move this tiny model's log-probs by only a few times bf16 noise: at least flagged (a warning) at the
-#: step they are planted in; whether they are also stopped depends on the seed (docs/rollout_guard.md).
-FLAGGED: set[str] = {"mla-not-recomputed", "routing-ungrouped"}
-#: Faults the rehearsal's expert verdicts catch when they stay below the guard's noise (docs/rollout_guard.md):
-#: planted in one sync here, a stale bias is one update behind.
-MOE_VERDICT = {"stale-bias": "rehearse --fault stale-bias compares the engine's bias with the actor's every step"}
 
 
 @pytest.fixture(scope="module")
@@ -86,20 +80,13 @@ def test_healthy_steps_never_warn(measured: list[dict]) -> None:
             assert stats[name] <= levels.warn[name], (record["step"], name, stats[name])
 
 
-@pytest.mark.parametrize("fault", sorted(set(rollout_faults.FAULTS) - set(NOT_SEPARABLE) - FLAGGED - set(MOE_VERDICT)))
+@pytest.mark.parametrize("fault", sorted(set(rollout_faults.FAULTS) - set(NOT_SEPARABLE)))
 def test_planted_fault_is_stopped_at_its_step(measured: list[dict], fault: str) -> None:
     (record,) = [r for r in measured if r["kind"] == "fault" and r["fault"] == fault]
     assert record["step"] == FAULT_STEP
     stats = _stats(record)
     with pytest.raises(guard.RolloutActorMismatchError, match=f"at training step {FAULT_STEP} "):
         guard.check(stats, _levels(), step=FAULT_STEP, in_update=True)
-
-
-@pytest.mark.parametrize("fault", sorted(FLAGGED))
-def test_small_faults_are_flagged_at_their_step(measured: list[dict], fault: str) -> None:
-    (record,) = [r for r in measured if r["kind"] == "fault" and r["fault"] == fault]
-    assert record["step"] == FAULT_STEP
-    assert guard.Verdict.judge(_stats(record), _levels()).warned
 
 
 @pytest.mark.parametrize("fault", sorted(NOT_SEPARABLE))
