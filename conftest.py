@@ -12,6 +12,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -36,6 +37,27 @@ def _leave_upstream_untouched() -> Iterator[None]:
 
     restore_all()
     forget_applied()
+
+
+@pytest.fixture(scope="session")
+def quickstart_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The quickstart's converted checkpoint (``hf-bf16/``, ``mcore/``, tokenizer), built once per pytest run and
+    shared by its xdist workers: the first to ask builds it under a file lock, the other waits and reuses it. Its
+    users only read it (the rehearsals' ``--weights``, the model-path tests); a conversion costs minutes here."""
+    import fcntl
+
+    from r1_ascend.rehearse.inputs import make_weights
+
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "quickstart-weights"
+    with open(f"{root}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        complete = root / "complete"
+        if not complete.is_file():
+            root.mkdir(exist_ok=True)
+            make_weights(root)
+            complete.touch()
+    return root / "weights"
 
 
 def pytest_report_header() -> list[str]:

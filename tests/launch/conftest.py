@@ -67,11 +67,7 @@ def smoke_inputs(tmp_path_factory) -> SmokeInputs:
 
 
 @pytest.fixture(scope="session")
-def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def weights(quickstart_weights: Path) -> Path:
     """One converted quickstart checkpoint for every rehearsal of the session that does not test the conversion
-    itself (``rehearse --weights``): a conversion per run cost a minute or more each."""
-    from r1_ascend.rehearse.inputs import make_weights
-
-    root = tmp_path_factory.mktemp("rehearsal-weights")
-    make_weights(root)
-    return root / "weights"
+    itself (``rehearse --weights``; root conftest.py): a conversion per run cost a minute or more each."""
+    return quickstart_weights

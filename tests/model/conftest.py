@@ -15,11 +15,9 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def converted(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from r1_ascend.rehearse.inputs import make_weights
-
-    hf_dir, _ = make_weights(tmp_path_factory.mktemp("model"))
-    return hf_dir.parent
+def converted(quickstart_weights: Path) -> Path:
+    """The session's quickstart checkpoint (root conftest.py), made as the rehearsal makes it."""
+    return quickstart_weights
 
 
 def _run_check(weights: Path, *extra: str, env: dict[str, str] | None = None) -> tuple[int, dict, str]:
