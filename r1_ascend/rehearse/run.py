@@ -69,7 +69,13 @@ def _free_port() -> int:
 
 
 def _log(message: str) -> None:
-    print(f"[rehearse {time.strftime('%H:%M:%S')}] {message}", flush=True)
+    """A progress line on stdout. Once the reader has gone (``rehearse ... | head``, a closed terminal), lines are
+    dropped rather than raised: a BrokenPipeError here ended the cleanup that stops the Ray nodes."""
+    try:
+        print(f"[rehearse {time.strftime('%H:%M:%S')}] {message}", flush=True)
+    except BrokenPipeError:
+        # what Python's docs advise for SIGPIPE: point stdout at /dev/null, so no later write or the exit flush raises
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 @dataclass

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,3 +75,30 @@ def weights(quickstart_weights: Path) -> Path:
     """One converted quickstart checkpoint for every rehearsal of the session that does not test the conversion
     itself (``rehearse --weights``; root conftest.py): a conversion per run cost a minute or more each."""
     return quickstart_weights
+
+
+@pytest.fixture
+def free_port() -> Callable[[], int]:
+    """``free_port()`` -> a TCP port on 127.0.0.1 nothing listens on right now (Ray ports in the cluster tests)."""
+
+    def pick() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    return pick
+
+
+@pytest.fixture
+def netns() -> Iterator[list[str]]:
+    """The command prefix that runs a process in a fresh loopback-only network namespace ([] if unavailable)."""
+    name = f"r1rt-{uuid.uuid4().hex[:8]}"
+    if subprocess.run(["ip", "netns", "add", name], capture_output=True, check=False).returncode != 0:
+        yield []
+        return
+    prefix = ["ip", "netns", "exec", name]
+    try:
+        subprocess.run([*prefix, "ip", "link", "set", "lo", "up"], check=True, capture_output=True)
+        yield prefix
+    finally:
+        subprocess.run(["ip", "netns", "delete", name], check=False, capture_output=True)

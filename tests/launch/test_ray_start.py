@@ -17,7 +17,6 @@ import contextlib
 import ipaddress
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -56,28 +55,6 @@ with open({marker!r}, "w") as f:
 pytestmark = [pytest.mark.slow, pytest.mark.machine]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def netns():
-    """The command prefix that runs a process in a fresh loopback-only network namespace ([] if unavailable)."""
-    name = f"r1rt-{uuid.uuid4().hex[:8]}"
-    made = subprocess.run(["ip", "netns", "add", name], capture_output=True, check=False)
-    if made.returncode != 0:
-        yield []
-        return
-    prefix = ["ip", "netns", "exec", name]
-    try:
-        subprocess.run([*prefix, "ip", "link", "set", "lo", "up"], check=True, capture_output=True)
-        yield prefix
-    finally:
-        subprocess.run(["ip", "netns", "delete", name], check=False, capture_output=True)
-
-
 def _namespace_addresses(prefix: list[str]) -> list[str]:
     """Every IP address configured in the namespace the prefix runs in."""
     out = subprocess.run([*prefix, "ip", "-o", "addr", "show"], capture_output=True, text=True, check=True).stdout
@@ -85,7 +62,7 @@ def _namespace_addresses(prefix: list[str]) -> list[str]:
 
 
 @pytest.fixture
-def cluster_env(tmp_path):
+def cluster_env(tmp_path, free_port):
     tag = uuid.uuid4().hex[:8]
     temp_dirs = {"head": f"/tmp/r1rt-{tag}", "worker": f"/tmp/r1rt-{tag}"}  # workers use the head's temp dir
     marker = tmp_path / "launched.txt"
@@ -101,7 +78,7 @@ def cluster_env(tmp_path):
         "NNODES": "2",
         "NPUS_PER_NODE": "16",
         "MASTER_ADDR": HEAD_IP,
-        "RAY_PORT": str(_free_port()),
+        "RAY_PORT": str(free_port()),
         "RAY_NUM_CPUS": "1",
         "R1_ASCEND_RUN_DIR": str(tmp_path / "run"),
         "R1_ASCEND_PREFLIGHT_CMD": "",
@@ -116,14 +93,14 @@ def cluster_env(tmp_path):
             **base,
             "NODE_IP": HEAD_IP,
             "RAY_TEMP_DIR": temp_dirs["head"],
-            "RAY_START_EXTRA_ARGS": f"--ray-client-server-port={_free_port()} "
-            f"--dashboard-agent-listen-port={_free_port()}",
+            "RAY_START_EXTRA_ARGS": f"--ray-client-server-port={free_port()} "
+            f"--dashboard-agent-listen-port={free_port()}",
         },
         "worker": {
             **base,
             "NODE_IP": WORKER_IP,
             "RAY_TEMP_DIR": temp_dirs["worker"],
-            "RAY_START_EXTRA_ARGS": f"--dashboard-agent-listen-port={_free_port()}",
+            "RAY_START_EXTRA_ARGS": f"--dashboard-agent-listen-port={free_port()}",
         },
     }
     yield envs, marker, temp_dirs

@@ -18,7 +18,7 @@ import sys
 import textwrap
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -57,28 +57,6 @@ JOB = textwrap.dedent(
 pytestmark = [pytest.mark.slow, pytest.mark.machine]
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def netns() -> Iterator[list[str]]:
-    name = f"r1rl-{uuid.uuid4().hex[:8]}"
-    if subprocess.run(["ip", "netns", "add", name], capture_output=True, check=False).returncode != 0:
-        yield []
-        return
-    prefix = ["ip", "netns", "exec", name]
-    try:
-        subprocess.run([*prefix, "ip", "link", "set", "lo", "up"], check=True, capture_output=True)
-        yield prefix
-    finally:
-        subprocess.run(["ip", "netns", "delete", name], check=False, capture_output=True)
-
-
 def _alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -93,7 +71,9 @@ def _wait(predicate, what: str, timeout: float) -> None:
         time.sleep(0.5)
 
 
-def test_bringing_a_lost_node_back_stops_what_its_ray_left_running(tmp_path: Path, netns: list[str]) -> None:
+def test_bringing_a_lost_node_back_stops_what_its_ray_left_running(
+    tmp_path: Path, netns: list[str], free_port: Callable[[], int]
+) -> None:
     marker = tmp_path / "pids.txt"
     job = tmp_path / "job.py"
     job.write_text(JOB.format(ip=NODE_IP, marker=str(marker)))
@@ -110,14 +90,14 @@ def test_bringing_a_lost_node_back_stops_what_its_ray_left_running(tmp_path: Pat
         "NPUS_PER_NODE": "1",
         "NODE_IP": NODE_IP,
         "MASTER_ADDR": NODE_IP,
-        "RAY_PORT": str(_free_port()),
+        "RAY_PORT": str(free_port()),
         "RAY_NUM_CPUS": "1",
         "RAY_TEMP_DIR": temp_dir,
         "R1_ASCEND_RUN_DIR": str(run_dir),
         "R1_ASCEND_PREFLIGHT_CMD": "",
         "R1_ASCEND_LAUNCH_CMD": f"bash {launch}",
         "RAY_USAGE_STATS_ENABLED": "0",
-        "RAY_START_EXTRA_ARGS": f"--ray-client-server-port={_free_port()} --dashboard-agent-listen-port={_free_port()}",
+        "RAY_START_EXTRA_ARGS": f"--ray-client-server-port={free_port()} --dashboard-agent-listen-port={free_port()}",
     }
     env.pop("VLLM_DP_SIZE", None)
     pid_file = run_dir / f"ray-head-{NODE_IP}.pid"

@@ -209,3 +209,23 @@ def test_steps_that_cannot_work_are_refused(tmp_path: Path, argv: list[str]) -> 
     with pytest.raises(SystemExit) as exc:
         run.main(["--output-dir", str(tmp_path), *argv])
     assert exc.value.code == 2
+
+
+def test_progress_lines_to_a_closed_stdout_do_not_stop_what_follows(tmp_path: Path) -> None:
+    """``rehearse | head``: once the reader is gone, a progress line must not raise in the cleanup that follows."""
+    marker = tmp_path / "cleanup-ran"
+    code = (
+        "import pathlib, time\n"
+        "from r1_ascend.rehearse.run import _log\n"
+        "time.sleep(1.0)\n"  # the reader has closed its end by now
+        "for _ in range(3):\n"
+        "    _log('stopping the drivers and the Ray nodes (recorded pids)')\n"
+        f"pathlib.Path({str(marker)!r}).write_text('ok')\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert child.stdout is not None
+    assert child.stderr is not None
+    child.stdout.close()
+    stderr = child.stderr.read().decode(errors="replace")
+    assert child.wait(120) == 0, stderr[-3000:]
+    assert marker.read_text() == "ok"

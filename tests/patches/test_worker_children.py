@@ -58,6 +58,20 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _alive_after(pids: list[int], seconds: float) -> list[int]:
+    """Those of ``pids`` still alive once all have ended or ``seconds`` have passed."""
+    deadline = time.monotonic() + seconds
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [pid for pid in pids if _alive(pid)]
+
+
+def _kill_alive(pids: list[int]) -> None:
+    for pid in pids:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 def _kill_worker(worker: subprocess.Popen) -> None:
     worker.send_signal(signal.SIGKILL)
     worker.wait(10)
@@ -69,17 +83,12 @@ def test_what_a_worker_forked_ends_when_the_worker_is_killed() -> None:
         assert len(children) == 2
         assert all(_alive(pid) for pid in children), "a child ended while its parent lives"
         _kill_worker(worker)
-        deadline = time.monotonic() + 5
-        while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        left = [pid for pid in children if _alive(pid)]
+        left = _alive_after(children, 5.0)
         assert left == [], f"children {left} outlived their parent (forked from the main thread and another one)"
     finally:
         if worker.poll() is None:
             worker.kill()
-        for pid in children:
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        _kill_alive(children)
 
 
 def test_without_the_handler_they_are_orphaned() -> None:
@@ -91,9 +100,7 @@ def test_without_the_handler_they_are_orphaned() -> None:
         assert all(_alive(pid) for pid in children)
         assert all(psutil.Process(pid).ppid() != worker.pid for pid in children)
     finally:
-        for pid in children:
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        _kill_alive(children)
 
 
 # --- on a real two-node Ray: a worker killed with its raylet ---------------------------------------------------------
@@ -138,14 +145,9 @@ def test_a_worker_killed_with_its_raylet_leaves_nothing_it_forked(monkeypatch: p
         assert children, "the worker forked no Manager"
         os.kill(node.all_processes["raylet"][0].process.pid, signal.SIGKILL)
         os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 5
-        while any(_alive(child) for child in children) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        left = [child for child in children if _alive(child)]
+        left = _alive_after(children, 5.0)
         assert left == [], f"what the worker forked outlived it and its raylet: {left}"
     finally:
         ray.shutdown()
         cluster.shutdown()
-        for child in children:
-            if _alive(child):
-                os.kill(child, signal.SIGKILL)
+        _kill_alive(children)
