@@ -101,21 +101,6 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         raise pytest.UsageError(msg)
 
 
-#: The two 10-step rehearsals (64 sequences a step: their steps keep both cores busy) run last in the machine unit,
-#: by when the other worker has usually finished its share: measured on the 2-core machine, both took 575-579 s
-#: beside the other worker and 424 s alone. The fault runs before them are mostly start-up (imports, one process at
-#: a time), which loses less to a busy second core.
-RUN_LAST = (
-    "tests/launch/test_rehearse.py::test_rehearsal_runs_kills_resumes_and_reports",
-    "tests/launch/test_rehearse.py::test_learning_rate_zero_does_not_raise_the_reward",
-)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """:data:`RUN_LAST` after every other test (a stable sort: the rest keep their order)."""
-    items.sort(key=lambda item: item.nodeid in RUN_LAST)
-
-
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """pytest-xdist's scope scheduling (a module is one unit, so its module fixtures are built once), with every
     machine module in one unit."""
