@@ -75,7 +75,9 @@ def _log(message: str) -> None:
         print(f"[rehearse {time.strftime('%H:%M:%S')}] {message}", flush=True)
     except BrokenPipeError:
         # what Python's docs advise for SIGPIPE: point stdout at /dev/null, so no later write or the exit flush raises
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 @dataclass
