@@ -203,18 +203,38 @@ if [[ "${role}" == head ]]; then
     if [[ "${RAY_DASHBOARD:-0}" == "1" ]]; then
         dashboard=(--include-dashboard=true --dashboard-host="${node_ip}" --dashboard-port="${RAY_DASHBOARD_PORT:-8260}")
     fi
-    log_lines=0
-    if [[ -f "${ray_log}" ]]; then
-        log_lines="$(wc -l < "${ray_log}")"
-    fi
-    start_ray --head --port="${ray_port}" --temp-dir="${temp_dir}" "${dashboard[@]}"
     # Connect only once this node's raylet is up: a driver connecting earlier finds no local raylet and can hang.
+    # `ray start --head` gives up when its GCS answers too late (a loaded node); such a start is tried again, up to
+    # RAY_HEAD_START_ATTEMPTS in all, each failure reported with the end of Ray's log.
     head_start_timeout="${RAY_HEAD_START_TIMEOUT:-300}"
+    head_attempts="${RAY_HEAD_START_ATTEMPTS:-2}"
+    [[ "${head_attempts}" =~ ^[1-9][0-9]*$ ]] || die "RAY_HEAD_START_ATTEMPTS must be a positive integer, got '${head_attempts}'"
     head_deadline=$(( $(date +%s) + head_start_timeout ))
-    until tail -n "+$(( log_lines + 1 ))" "${ray_log}" 2>/dev/null | grep -q "Ray runtime started"; do
-        kill -0 "$(cat "${pidfile}")" 2>/dev/null || die "ray start --head exited; see ${ray_log}"
-        (( $(date +%s) < head_deadline )) || die "the Ray head did not start within ${head_start_timeout} s; see ${ray_log}"
-        sleep 1
+    for (( head_attempt = 1; ; head_attempt++ )); do
+        log_lines=0
+        if [[ -f "${ray_log}" ]]; then
+            log_lines="$(wc -l < "${ray_log}")"
+        fi
+        start_ray --head --port="${ray_port}" --temp-dir="${temp_dir}" "${dashboard[@]}"
+        head_started=0
+        while (( $(date +%s) < head_deadline )); do
+            if grep -q "Ray runtime started" < <(tail -n "+$(( log_lines + 1 ))" "${ray_log}" 2>/dev/null); then
+                head_started=1
+                break
+            fi
+            kill -0 "$(cat "${pidfile}")" 2>/dev/null || break
+            sleep 1
+        done
+        (( head_started )) && break
+        if kill -0 "$(cat "${pidfile}")" 2>/dev/null; then
+            die "the Ray head did not start within ${head_start_timeout} s; see ${ray_log}"
+        fi
+        log "ray start --head (attempt ${head_attempt} of ${head_attempts}) exited; the end of ${ray_log}:" >&2
+        { tail -n "+$(( log_lines + 1 ))" "${ray_log}" 2>/dev/null | tail -n 20 | sed 's/^/    /' >&2; } || true
+        stop_left_of_start "${pidfile}"
+        rm -f "${pidfile}" "${pidfile%.pid}.startid"
+        (( head_attempt < head_attempts )) || die "ray start --head exited ${head_attempts} times; see ${ray_log}"
+        (( $(date +%s) < head_deadline )) || die "ray start --head exited and ${head_start_timeout} s have passed; see ${ray_log}"
     done
     wait_timeout="${RAY_WAIT_TIMEOUT:-1800}"
     log "started Ray head (pid $(cat "${pidfile}"), log ${ray_log}); waiting for ${NNODES} x ${NPUS_PER_NODE} NPUs" \
