@@ -3,7 +3,7 @@
 Layers, lowest first; a module may import its own layer and the layers below it, never one above:
 
 1. base: ``r1_ascend`` (the package), ``r1_ascend.envs``, ``r1_ascend.stack``, ``r1_ascend.atomic``,
-   ``r1_ascend.parallel``: the standard library and third-party packages only;
+   ``r1_ascend.parallel``, ``r1_ascend.ports``: the standard library and third-party packages only;
 2. patches: ``r1_ascend.patches`` and everything in it;
 3. ``r1_ascend.data`` and ``r1_ascend.recipe`` (the recipe may import data, data not the recipe);
 4. tools: ``r1_ascend.launch``, ``weights``, ``report``, ``rehearse``, ``doctor``, ``cli``, ``mindspeed_source``,
@@ -46,7 +46,7 @@ ALLOWED = {
     TESTING: {BASE, PATCHES, DATA, RECIPE, TOOLS, TESTING},
     TESTS: {BASE, PATCHES, DATA, RECIPE, TOOLS, TESTING, TESTS},
 }
-BASE_MODULES = ("r1_ascend.envs", "r1_ascend.stack", "r1_ascend.atomic", "r1_ascend.parallel")
+BASE_MODULES = ("r1_ascend.envs", "r1_ascend.stack", "r1_ascend.atomic", "r1_ascend.parallel", "r1_ascend.ports")
 TOOL_MODULES = (
     "r1_ascend.launch",
     "r1_ascend.weights",

@@ -27,7 +27,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -37,6 +36,7 @@ from pathlib import Path
 
 import psutil
 
+from r1_ascend.ports import unused_local_port
 from r1_ascend.rehearse import expert_checks, training
 from r1_ascend.rehearse.budget import RssSampler
 from r1_ascend.rehearse.config import Plan, driver_command, node_ip
@@ -60,12 +60,6 @@ DEFAULT_OUT = Path("outputs/rehearse")
 
 class RehearsalError(RuntimeError):
     """A stage of the rehearsal failed; the message says which and where its log is."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _log(message: str) -> None:
@@ -132,7 +126,7 @@ def node_envs(out: Path, plan: Plan, launch: Path) -> tuple[list[dict[str, str]]
     ray_wrapper.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m ray.scripts.scripts "$@"\n')
     ray_wrapper.chmod(0o755)
     temp_dir = f"/tmp/r1rh-{uuid.uuid4().hex[:8]}"  # short: Ray's socket paths must stay under 108 bytes
-    port = _free_port()
+    port = unused_local_port()
     base = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
@@ -162,9 +156,9 @@ def node_envs(out: Path, plan: Plan, launch: Path) -> tuple[list[dict[str, str]]
     envs = []
     for index in range(plan.nodes):
         ip = node_ip(index)
-        extra = f"--object-store-memory=120000000 --dashboard-agent-listen-port={_free_port()}"
+        extra = f"--object-store-memory=120000000 --dashboard-agent-listen-port={unused_local_port()}"
         if index == 0:
-            extra += f" --ray-client-server-port={_free_port()}"
+            extra += f" --ray-client-server-port={unused_local_port()}"
         envs.append({**base, "NODE_IP": ip, "R1_ASCEND_RUN_DIR": str(node_dir(out, ip)), "RAY_START_EXTRA_ARGS": extra})
     return envs, temp_dir
 

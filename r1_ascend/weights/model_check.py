@@ -22,11 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from r1_ascend.ports import unused_local_port
 
 #: Tolerances by dtype: max |logit gap| and mean |Δ log-prob| (nats) over valid tokens. fp32 is exact up to
 #: reduction order; bf16 is measured (docs/benchmarks.md) and given a margin.
@@ -54,12 +55,6 @@ class Gap:
         return self.max_logit_gap <= max_logit and self.mean_abs_logprob_gap <= mean_lp
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def init_single_rank(backend: str) -> None:
     """One-rank torch.distributed and Megatron parallel state (TP = PP = EP = 1), unless already initialised."""
     import torch.distributed as dist
@@ -67,7 +62,7 @@ def init_single_rank(backend: str) -> None:
 
     if not dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(unused_local_port()))
         dist.init_process_group(backend, rank=0, world_size=1)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(1, 1, expert_model_parallel_size=1)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import uuid
 from collections.abc import Callable, Iterator
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from r1_ascend.launch.smoke_model import sample_path, smoke_model_config
+from r1_ascend.ports import unused_local_port
 
 
 def write_model(path: Path, config: dict) -> Path:
@@ -80,13 +80,7 @@ def weights(quickstart_weights: Path) -> Path:
 @pytest.fixture
 def free_port() -> Callable[[], int]:
     """``free_port()`` -> a TCP port on 127.0.0.1 nothing listens on right now (Ray ports in the cluster tests)."""
-
-    def pick() -> int:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
-
-    return pick
+    return unused_local_port
 
 
 @pytest.fixture

@@ -6,25 +6,20 @@ tests/launch/conftest.py.
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from r1_ascend.ports import unused_local_port
+
 pytestmark = pytest.mark.machine
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]  # closed again when the block ends: nothing listens there
 
 
 def test_recipe_entry_point_fails_before_ray_init(smoke_inputs, tmp_path) -> None:
     """The real entry point, with an unreachable RAY_ADDRESS: the error names it; no local Ray is started."""
-    address = f"127.0.0.1:{_closed_port()}"
+    address = f"127.0.0.1:{unused_local_port()}"
     stub_site = Path(__file__).resolve().parents[1] / "sitecustomize_npu"  # the torch_npu stub, as in every test
     env_prefix = ["env", f"RAY_ADDRESS={address}", "R1_ASCEND_RAY_CONNECT_TIMEOUT=1", f"PYTHONPATH={stub_site}"]
     cmd = [

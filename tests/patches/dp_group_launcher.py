@@ -23,13 +23,14 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
-import socket
 import sys
 import time
 import traceback
 from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
+
+from r1_ascend.ports import unused_local_port
 
 RANK_TIMEOUT_S = 90.0
 RESULT_MARKER = "DP-RESULT"
@@ -68,12 +69,6 @@ def _register_npu_device_type(torch: Any) -> None:
 
     torch.utils.rename_privateuse1_backend("npu")
     torch._C._acc.register_python_privateuseone_hook(_NoNpuHooks())
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _rank_main(rank: int, scenario: dict[str, Any], store_port: int, queue: Any) -> None:
@@ -211,7 +206,7 @@ def _run_wrapper_groups(rank: int, scenario: dict[str, Any]) -> dict[str, Any]:
 def run_scenario(scenario: dict[str, Any]) -> dict[str, Any]:
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
-    port = _free_port()
+    port = unused_local_port()
     procs = [
         ctx.Process(target=_rank_main, args=(r, scenario, port, queue), daemon=True) for r in range(scenario["world"])
     ]

@@ -9,17 +9,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from r1_ascend.ports import unused_local_port
 from r1_ascend.recipe.driver_address import ClusterUnreachableError, check_driver_can_join, split_address
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]  # closed again when the block ends: nothing listens there
-
-
 def test_unreachable_address_is_named() -> None:
-    address = f"127.0.0.1:{_closed_port()}"
+    address = f"127.0.0.1:{unused_local_port()}"
     start = time.monotonic()
     with pytest.raises(ClusterUnreachableError) as err:
         check_driver_can_join({"RAY_ADDRESS": address, "NNODES": "2"}, timeout=1.0)
