@@ -18,6 +18,14 @@ import pytest
 
 from r1_ascend.testing import npu_stub
 
+# Under pytest-xdist each worker would run torch with one thread per core, and two workers on two cores then fight
+# over them: the checkpoint build with balanced routers took 132 s beside another against 23 s with one thread each
+# (docs/benchmarks.md, "Test tiers"). Each worker, and every process it starts, gets its share of the cores, unless
+# OMP_NUM_THREADS is set. Set before npu_stub.install() first imports torch, which reads it then.
+_XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _XDIST_WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // _XDIST_WORKERS)))
+
 npu_stub.install()
 
 # Hypothesis fails an example that takes over 200 ms by default: with two test workers sharing two cores beside a
