@@ -13,7 +13,8 @@ Layers, lowest first; a module may import its own layer and the layers below it,
 
 Across layers, only the public modules of ``r1_ascend.patches`` may be imported: a module whose dotted name has a
 part starting with ``_`` below ``r1_ascend.patches`` is private to the package, tests included (what a patch
-installs is public in ``r1_ascend.patches.impl``, so its tests need no private import).
+installs is public in ``r1_ascend.patches.impl``, so its tests need no private import). Outside the tests, a
+``_name`` (module or attribute) is imported only from within the module or package that owns it.
 """
 
 from __future__ import annotations
@@ -125,6 +126,15 @@ def is_private_patches_module(name: str) -> bool:
     return any(_is_private_name(part) for part in name.split(".")[2:])
 
 
+def private_owner(name: str) -> str | None:
+    """The module a ``_private`` part of ``name`` belongs to (``a.b._c.d`` -> ``a.b``), or None if all public."""
+    parts = name.split(".")
+    for index, part in enumerate(parts):
+        if _is_private_name(part):
+            return ".".join(parts[:index])
+    return None
+
+
 def project_imports(path: str, source: str, known: set[str]) -> list[Edge]:
     """Every import of a project module in ``source`` (any depth), resolved to a dotted module name."""
     tree = ast.parse(source, filename=path)
@@ -167,6 +177,12 @@ def violations(files: dict[str, str]) -> list[str]:
                 problem = f"production code may not import the test support ({edge.imported})"
             elif is_private_patches_module(edge.imported) and layer != PATCHES:
                 problem = f"{edge.imported} is private to r1_ascend.patches; import a public module or name"
+            elif (
+                layer != TESTS
+                and (owner := private_owner(edge.imported))
+                and not _under(module_name(path) or "", owner)
+            ):
+                problem = f"{edge.imported} is private to {owner}; make it public there or move it to a shared module"
             if problem is not None:
                 problems.append(f"{path}:{edge.line}: {problem}")
     return problems
@@ -203,6 +219,9 @@ def test_every_import_follows_the_layers() -> None:
         ("r1_ascend/doctor.py", "def f():\n    from r1_ascend.testing import npu_stub\n", "may not import testing"),
         ("patches/rules/new.py", "from ...launch import checks\n", "patches may not import tools"),
         ("recipe/new.py", "from r1_ascend.patches.rules import _hidden\n", "private to r1_ascend.patches"),
+        ("r1_ascend/rehearse/new.py", "from r1_ascend.rehearse.run import _log\n", "private to r1_ascend.rehearse.run"),
+        ("r1_ascend/launch/new.py", "from r1_ascend.weights import _inner\n", "private to r1_ascend.weights"),
+        ("recipe/new.py", "from .watchdog import _decide\n", "private to r1_ascend.recipe.watchdog"),
     ],
 )
 def test_a_forbidden_import_is_reported(path: str, source: str, expected: str) -> None:
@@ -219,6 +238,8 @@ def test_allowed_imports_are_not_reported() -> None:
         "patches/new.py": "from ._apply import apply_all\nfrom r1_ascend import envs\n",
         "tests/patches/test_new.py": "from r1_ascend.patches.impl import dp_net\n",
         "r1_ascend/rehearse/site/sitecustomize.py": "from r1_ascend.testing import npu_stub\n",
+        "r1_ascend/weights/__init__.py": "from r1_ascend.weights._inner import x\n",  # a package's own private module
+        "r1_ascend/weights/_inner.py": "from r1_ascend.weights._inner import _y\n",  # a module's own private name
         "r1_ascend/envs.py": "",
         "data/files.py": "",
     }

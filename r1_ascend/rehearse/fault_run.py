@@ -16,16 +16,16 @@ from r1_ascend.rehearse import faults, process_faults, training
 from r1_ascend.rehearse.budget import RssSampler
 from r1_ascend.rehearse.config import Plan
 from r1_ascend.rehearse.run import (
-    _log,
-    _text,
     check_joined,
     judge,
     kill_mid_step,
+    log_progress,
     new_cluster,
     node_dir,
     node_ip,
     node_pid_files,
     prepare,
+    read_log,
     rejoin_node,
     relaunch,
     start_cluster,
@@ -40,12 +40,12 @@ def rehearse_fault(out: Path, fault: str, plan: Plan, sampler: RssSampler, weigh
     logs = [out / "run1.log", out / "run2.log"]
     try:
         head = start_cluster(cluster, logs[0])
-        _log(f"run 1: the head runs the recipe entry point (log {logs[0]}); fault {fault}")
+        log_progress(f"run 1: the head runs the recipe entry point (log {logs[0]}); fault {fault}")
         if fault == "corrupt-latest":
             killed_step, killed = kill_mid_step(head, out, plan, logs[0], after_step=2 * plan.save_freq)
             cut = faults.corrupt_latest(out, plan)
-            _log(f"killed in step {killed_step}; truncated {cut['truncated']} ({cut['bytes']} bytes)")
-            _log(f"run 2: relaunching onto the truncated checkpoint (log {logs[1]}); it must refuse")
+            log_progress(f"killed in step {killed_step}; truncated {cut['truncated']} ({cut['bytes']} bytes)")
+            log_progress(f"run 2: relaunching onto the truncated checkpoint (log {logs[1]}); it must refuse")
             since = time.monotonic()
             outcome = faults.check_refusal(start_driver(cluster, launch, logs[1]), out, logs[1], cut, since, killed)
         elif fault in process_faults.PROCESS_FAULTS:
@@ -53,23 +53,23 @@ def rehearse_fault(out: Path, fault: str, plan: Plan, sampler: RssSampler, weigh
             pid_file = node_dir(out, last) / f"ray-worker-{last}.pid"
             scope = process_faults.RunScope(cluster.temp_dir, cluster.began, node_pid_files(cluster))
             outcome = process_faults.plant(fault, head, out, plan, logs[0], pid_file, last, scope)
-            _log(f"{fault}: stopped {outcome.stop_s} s after the fault: {outcome.seen['error'][:300]}")
+            log_progress(f"{fault}: stopped {outcome.stop_s} s after the fault: {outcome.seen['error'][:300]}")
             if process_faults.PROCESS_FAULTS[fault].node:
-                _log(f"node {last} rejoins the cluster")
+                log_progress(f"node {last} rejoins the cluster")
                 rejoin_node(cluster, cluster.envs[-1])
-            _log(f"run 2: relaunching (log {logs[1]})")
+            log_progress(f"run 2: relaunching (log {logs[1]})")
             relaunch(cluster, launch, logs[1], timeout=900)
         else:
             plant = faults.kill_during_save if fault == "kill-during-save" else faults.disk_full
             outcome = plant(head, out, plan, logs[0])
-            _log(f"{fault}: stopped {outcome.stop_s} s after the fault; run 2: relaunching (log {logs[1]})")
+            log_progress(f"{fault}: stopped {outcome.stop_s} s after the fault; run 2: relaunching (log {logs[1]})")
             relaunch(cluster, launch, logs[1], timeout=900)
     finally:
-        _log("stopping the drivers and the Ray nodes (recorded pids)")
+        log_progress("stopping the drivers and the Ray nodes (recorded pids)")
         stop_cluster(cluster)
     summary: dict[str, object] = {"ray_temp_dir": cluster.temp_dir, "netns": cluster.netns}
     if fault == "corrupt-latest":
-        summary["nodes_joined"], summary["npus_seen"] = check_joined(_text(logs[0]), plan, logs[0])
+        summary["nodes_joined"], summary["npus_seen"] = check_joined(read_log(logs[0]), plan, logs[0])
     else:
         summary.update(judge(out, logs, plan, outcome.step, outcome.killed_pids, expected_from=outcome.resume_from))
         metrics = training.step_metrics(logs)

@@ -84,7 +84,7 @@ def plan_for(fault: str, base: Plan) -> Plan:
     )
 
 
-def _wait(predicate, what: str, timeout: float, poll: float = 0.5) -> object:
+def wait_until(predicate, what: str, timeout: float, poll: float = 0.5) -> object:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         result = predicate()
@@ -129,7 +129,7 @@ def time_to_stop(
         raise FaultError(msg) from None
     pids = workers()
     try:
-        _wait(lambda: not _alive(pids), "workers to exit", max(since + bound - time.monotonic(), 1.0), poll=0.1)
+        wait_until(lambda: not _alive(pids), "workers to exit", max(since + bound - time.monotonic(), 1.0), poll=0.1)
     except FaultError:
         left = "; ".join(_describe(pid) for pid in sorted(_alive(pids)))
         msg = f"processes of the run still run {bound:g} s after the fault: {left}; log: {log}"
@@ -145,21 +145,23 @@ def _saving(out: Path, step: int, tracked: int) -> bool:
     return (_checkpoints(out) / f"global_step_{step}").exists() and read_tracker(_checkpoints(out)) == tracked
 
 
-def _wait_tracked(out: Path, step: int, driver: subprocess.Popen, log: Path) -> None:
+def wait_for_tracked_step(out: Path, step: int, driver: subprocess.Popen, log: Path) -> None:
     def tracked() -> bool:
         if driver.poll() is not None:
             raise FaultError(f"run 1 exited with {driver.returncode} before the checkpoint of step {step}; log: {log}")
         found = read_tracker(_checkpoints(out))
         return isinstance(found, int) and found >= step
 
-    _wait(tracked, f"the checkpoint of step {step}", 900)
+    wait_until(tracked, f"the checkpoint of step {step}", 900)
 
 
 def kill_during_save(driver: subprocess.Popen, out: Path, plan: Plan, log: Path) -> FaultOutcome:
     """SIGKILL the driver while ``global_step_<2 x save_freq>`` is being written."""
     first, second = plan.save_freq, 2 * plan.save_freq
-    _wait_tracked(out, first, driver, log)
-    _wait(lambda: _saving(out, second, first) or driver.poll() is not None, f"the save of step {second}", 600, POLL_S)
+    wait_for_tracked_step(out, first, driver, log)
+    wait_until(
+        lambda: _saving(out, second, first) or driver.poll() is not None, f"the save of step {second}", 600, POLL_S
+    )
     if driver.poll() is not None or not _saving(out, second, first):
         raise FaultError(f"missed the save of step {second} (the tracker moved on or the run ended); log: {log}")
     workers = worker_pids(out)
@@ -173,23 +175,25 @@ def kill_during_save(driver: subprocess.Popen, out: Path, plan: Plan, log: Path)
     }
     stop_s = time_to_stop(driver, lambda: workers, since, log, STOP_BOUND_S)
     outcome = FaultOutcome("kill-during-save", second, first, workers, stop_s, seen)
-    _require_complete(out, first, "after the kill during the save")
+    require_complete(out, first, "after the kill during the save")
     return outcome
 
 
 def disk_full(driver: subprocess.Popen, out: Path, plan: Plan, log: Path) -> FaultOutcome:
     """Cap the workers' file size after the first checkpoint; the next save must fail with a clear error."""
     first, second = plan.save_freq, 2 * plan.save_freq
-    _wait_tracked(out, first, driver, log)
+    wait_for_tracked_step(out, first, driver, log)
     workers = worker_pids(out)
     for pid in workers:
         process = psutil.Process(pid)
         _, hard = process.rlimit(psutil.RLIMIT_FSIZE)
         process.rlimit(psutil.RLIMIT_FSIZE, (FSIZE_LIMIT, hard))
-    _wait(lambda: _saving(out, second, first) or driver.poll() is not None, f"the save of step {second}", 600, POLL_S)
+    wait_until(
+        lambda: _saving(out, second, first) or driver.poll() is not None, f"the save of step {second}", 600, POLL_S
+    )
     since = time.monotonic()
     stop_s = time_to_stop(driver, lambda: workers, since, log, STOP_BOUND_S)
-    error = _error_line(log, "CheckpointSaveError: ")
+    error = last_error_line(log, "CheckpointSaveError: ")
     if driver.returncode == 0 or not error:
         raise FaultError(
             f"the save of step {second} under a {FSIZE_LIMIT} byte file-size limit did not stop the run with a "
@@ -197,7 +201,7 @@ def disk_full(driver: subprocess.Popen, out: Path, plan: Plan, log: Path) -> Fau
         )
     if f"the last complete checkpoint is global_step_{first}" not in error:
         raise FaultError(f"the error does not name the intact global_step_{first}: {error[:600]}; log: {log}")
-    _require_complete(out, first, "after the failed save")
+    require_complete(out, first, "after the failed save")
     seen = {"error": error, "exit_code": driver.returncode}
     return FaultOutcome("disk-full", second, first, workers, stop_s, seen)
 
@@ -221,7 +225,7 @@ def check_refusal(
     last complete checkpoint, before any of its workers loaded a checkpoint."""
     stop_s = time_to_stop(driver, lambda: worker_pids(out) - before, since, log, RELAUNCH_BOUND_S)
     newest = int(str(cut["newest"]))
-    error = _error_line(log, "CheckpointResumeError: ")
+    error = last_error_line(log, "CheckpointResumeError: ")
     expected = (f"names step {newest}", Path(str(cut["truncated"])).name, f"global_step_{newest - 1}")
     if driver.returncode == 0 or not all(part in error for part in expected):
         raise FaultError(
@@ -235,13 +239,13 @@ def check_refusal(
     return FaultOutcome("corrupt-latest", newest, newest - 1, before, stop_s, seen)
 
 
-def _error_line(log: Path, marker: str) -> str:
+def last_error_line(log: Path, marker: str) -> str:
     """The last line of ``log`` holding ``marker`` (an exception's ``Name: message``), from the marker on."""
     lines = [line for line in log.read_text(errors="replace").splitlines() if marker in line]
     return lines[-1][lines[-1].index(marker) :].strip() if lines else ""
 
 
-def _require_complete(out: Path, step: int, when: str) -> None:
+def require_complete(out: Path, step: int, when: str) -> None:
     state = inspect_step(_checkpoints(out) / f"global_step_{step}")
     if not state.complete:
         raise FaultError(f"the last complete checkpoint was damaged {when}: {state.describe()}")
@@ -260,5 +264,5 @@ def check_kept(out: Path, plan: Plan) -> str:
     if found != expected:
         raise FaultError(f"checkpoints left under {root}: steps {found}, expected the newest kept ones {expected}")
     for step in found:
-        _require_complete(out, step, "at the end of the resumed run")
+        require_complete(out, step, "at the end of the resumed run")
     return f"global_step_{', global_step_'.join(map(str, found))} kept, complete; tracker {tracked}"

@@ -30,7 +30,7 @@ from r1_ascend.rehearse.budget import RssSampler
 from r1_ascend.rehearse.config import FAULT_BATCH, Plan
 from r1_ascend.rehearse.faults import MOE_FAULTS, FaultError
 from r1_ascend.rehearse.lifecycle import read_lifecycle
-from r1_ascend.rehearse.run import _log, _text, new_cluster, prepare, start_cluster, stop_cluster
+from r1_ascend.rehearse.run import log_progress, new_cluster, prepare, read_log, start_cluster, stop_cluster
 
 #: Layer (checkpoint index) and expert the dead-expert fault kills: the smoke model's second MoE layer.
 DEAD_EXPERT = (2, 0)
@@ -100,7 +100,7 @@ def rehearse_moe_fault(out: Path, name: str, plan: Plan, sampler: RssSampler, we
     log = out / "run1.log"
     try:
         head = start_cluster(cluster, log)
-        _log(f"run 1: the head runs the recipe entry point (log {log}); MoE fault {name}")
+        log_progress(f"run 1: the head runs the recipe entry point (log {log}); MoE fault {name}")
         try:
             code = head.wait(RUN_BOUND_S)
         except subprocess.TimeoutExpired:
@@ -108,10 +108,10 @@ def rehearse_moe_fault(out: Path, name: str, plan: Plan, sampler: RssSampler, we
                 f"the {STEPS}-step run with {name} did not end within {RUN_BOUND_S:g} s; log: {log}"
             ) from None
     finally:
-        _log("stopping the drivers and the Ray nodes (recorded pids)")
+        log_progress("stopping the drivers and the Ray nodes (recorded pids)")
         stop_cluster(cluster)
-    outcome = judge_moe_fault(name, code, _text(log), read_lifecycle(out / "lifecycle"), log)
-    _log(f"{name}: caught by the {outcome['caught_by']}: {str(outcome['message'])[:300]}")
+    outcome = judge_moe_fault(name, code, read_log(log), read_lifecycle(out / "lifecycle"), log)
+    log_progress(f"{name}: caught by the {outcome['caught_by']}: {str(outcome['message'])[:300]}")
     return {"fault": outcome}
 
 

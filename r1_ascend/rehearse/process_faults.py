@@ -33,11 +33,11 @@ from r1_ascend.rehearse.faults import (
     STOP_BOUND_S,
     FaultError,
     FaultOutcome,
-    _error_line,
-    _require_complete,
-    _wait,
-    _wait_tracked,
+    last_error_line,
+    require_complete,
     time_to_stop,
+    wait_for_tracked_step,
+    wait_until,
     worker_pids,
 )
 from r1_ascend.rehearse.leftovers import Leftover, node_daemons, run_processes
@@ -143,9 +143,9 @@ def plant(
     recorded, what they forked, the lost node's Ray, and whatever else on the machine belongs to the run
     (``scope``)."""
     fault = PROCESS_FAULTS[name]
-    _wait_tracked(out, STEP - 1, driver, log)
+    wait_for_tracked_step(out, STEP - 1, driver, log)
     tracked_at = time.time()
-    entered = _wait(
+    entered = wait_until(
         lambda: stage_entered(out, fault.stage, STEP, tracked_at) or driver.poll() is not None,
         f"a worker entering {fault.stage} in step {STEP}",
         600,
@@ -175,7 +175,7 @@ def plant(
     if left:
         listed = "; ".join(p.describe() for p in left)
         raise FaultError(f"{name}: processes of the run still run after it stopped: {listed}; log: {log}")
-    error = _error_line(log, "WorkerLostError: ")
+    error = last_error_line(log, "WorkerLostError: ")
     expected = [f"global_step_{STEP - 1}", f"training step {STEP}", fault.stage]
     expected += [f"node {node_ip} was lost"] if fault.node else [f"pid {victim}"]
     expected += ["watchdog"] if fault.signal == signal.SIGSTOP else []
@@ -191,7 +191,7 @@ def plant(
             + (f" and not {', '.join(misleading)}" if misleading else "")
             + f" (exit code {driver.returncode}; error line: {error[:600]!r}); log: {log}"
         )
-    _require_complete(out, STEP - 1, f"after {name}")
+    require_complete(out, STEP - 1, f"after {name}")
     seen = {
         "signalled": f"{fault.signal.name} to {what} in {fault.stage}",
         "processes_at_fault": tree,

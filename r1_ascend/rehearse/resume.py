@@ -29,12 +29,12 @@ from r1_ascend.rehearse.lifecycle import (
 from r1_ascend.rehearse.run import (
     PLAN_FILE,
     RehearsalError,
-    _log,
-    _text,
     check_checkpoint,
     check_joined,
     check_resumed,
+    log_progress,
     new_cluster,
+    read_log,
     start_cluster,
     stop_cluster,
     write_launch,
@@ -44,7 +44,7 @@ _RESUME_FROM = re.compile(r"trainer\.resume_from_path=\S*global_step_(\d+)/?$")
 
 
 def _launch_command(launch: Path) -> list[str]:
-    line = next((x for x in _text(launch).splitlines() if x.startswith("exec ")), None)
+    line = next((x for x in read_log(launch).splitlines() if x.startswith("exec ")), None)
     if line is None:
         raise RehearsalError(f"{launch} has no 'exec ...' line: not a rehearsal's launch script")
     return shlex.split(line.removeprefix("exec "))
@@ -82,17 +82,19 @@ def resume_rehearsal(out: Path, extra: list[str], sampler: RssSampler) -> dict[s
     cluster = new_cluster(out, plan, launch, sampler)
     try:
         head = start_cluster(cluster, log)
-        _log(f"run {index}: the head runs the rehearsal's launch script again (log {log}); expected resume: {expected}")
+        log_progress(
+            f"run {index}: the head runs the rehearsal's launch script again (log {log}); expected resume: {expected}"
+        )
         try:
             code = head.wait(900)
         except subprocess.TimeoutExpired:
             raise RehearsalError(f"the resumed run did not finish within 900 s; log: {log}") from None
     finally:
-        _log("stopping the drivers and the Ray nodes (recorded pids)")
+        log_progress("stopping the drivers and the Ray nodes (recorded pids)")
         stop_cluster(cluster)
     if code != 0:
         raise RehearsalError(f"the resumed run failed with exit code {code}; log: {log}")
-    text = _text(log)
+    text = read_log(log)
     joined, npus = check_joined(text, plan, log)
     steps = check_resumed(text, log, plan, expected, "the tracked checkpoint or trainer.resume_from_path")
     events = [e for e in read_lifecycle(out / "lifecycle") if int(e["pid"]) not in before]

@@ -20,13 +20,13 @@ from r1_ascend.rehearse.budget import RssSampler
 from r1_ascend.rehearse.config import Plan
 from r1_ascend.rehearse.run import (
     RehearsalError,
-    _log,
-    _text,
-    _wait_for,
+    log_progress,
     new_cluster,
     prepare,
+    read_log,
     start_cluster,
     stop_cluster,
+    wait_for,
 )
 
 #: The weight sync (= training step, before the first validation) the fault is planted in.
@@ -60,16 +60,16 @@ def rehearse_rollout_fault(
     log = out / "run1.log"
     try:
         head = start_cluster(cluster, log)
-        _log(f"run 1: the head runs the recipe entry point (log {log}); rollout fault {plan.rollout_fault}")
-        _wait_for(lambda: PLANTED.search(_text(log)), f"the engine to plant {name}", 900, head, log)
+        log_progress(f"run 1: the head runs the recipe entry point (log {log}); rollout fault {plan.rollout_fault}")
+        wait_for(lambda: PLANTED.search(read_log(log)), f"the engine to plant {name}", 900, head, log)
         planted_at = time.monotonic()
-        _log(f"planted {name} in weight sync {FAULT_STEP}; waiting for the guard")
+        log_progress(f"planted {name} in weight sync {FAULT_STEP}; waiting for the guard")
         stop_s = faults.time_to_stop(head, lambda: faults.worker_pids(out), planted_at, log, STOP_BOUND_S)
         code = head.returncode
     finally:
-        _log("stopping the drivers and the Ray nodes (recorded pids)")
+        log_progress("stopping the drivers and the Ray nodes (recorded pids)")
         stop_cluster(cluster)
-    return {"rollout_fault": judge_stop(_text(log), log, out, name, code, stop_s)}
+    return {"rollout_fault": judge_stop(read_log(log), log, out, name, code, stop_s)}
 
 
 def judge_stop(text: str, log: Path, out: Path, name: str, code: int, stop_s: float) -> dict[str, object]:

@@ -62,7 +62,7 @@ class RehearsalError(RuntimeError):
     """A stage of the rehearsal failed; the message says which and where its log is."""
 
 
-def _log(message: str) -> None:
+def log_progress(message: str) -> None:
     """A progress line on stdout. Once the reader has gone (``rehearse ... | head``, a closed terminal), lines are
     dropped rather than raised: a BrokenPipeError here ended the cleanup that stops the Ray nodes."""
     try:
@@ -163,7 +163,7 @@ def node_envs(out: Path, plan: Plan, launch: Path) -> tuple[list[dict[str, str]]
     return envs, temp_dir
 
 
-def _wait_for(predicate, what: str, timeout: float, alive: subprocess.Popen | None = None, log: Path | None = None):
+def wait_for(predicate, what: str, timeout: float, alive: subprocess.Popen | None = None, log: Path | None = None):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         result = predicate()
@@ -183,7 +183,7 @@ def _run_error(log: Path | None) -> str:
     """``: <the run's own error>; log: ...`` and, after a lost worker, how to continue the rehearsal."""
     if log is None:
         return ""
-    errors = RUN_ERROR.findall(_text(log))
+    errors = RUN_ERROR.findall(read_log(log))
     if not errors:
         return f"; log: {log}"
     hint = ""
@@ -192,7 +192,7 @@ def _run_error(log: Path | None) -> str:
     return f": {errors[-1]}; log: {log}{hint}"
 
 
-def _text(path: Path) -> str:
+def read_log(path: Path) -> str:
     return path.read_text(errors="replace") if path.is_file() else ""
 
 
@@ -203,7 +203,7 @@ def start_cluster(cluster: Cluster, head_log: Path) -> subprocess.Popen:
         head = subprocess.Popen([*cluster.prefix, "bash", str(SCRIPT)], env=head_env, stdout=log, stderr=log)
     cluster.drivers.append(head)  # after the exec, this pid is the driver of run 1
     ray_log = node_dir(cluster.out, cluster.head_ip) / f"ray-head-{cluster.head_ip}.log"
-    _wait_for(lambda: "Ray runtime started" in _text(ray_log), "the Ray head to start", 180, head, head_log)
+    wait_for(lambda: "Ray runtime started" in read_log(ray_log), "the Ray head to start", 180, head, head_log)
     for env in cluster.envs[1:]:
         join_node(cluster, env)
     return head
@@ -251,7 +251,7 @@ def stop_cluster(cluster: Cluster) -> None:
 
 
 def _saved_step(checkpoints: Path) -> int:
-    text = _text(checkpoints / "latest_checkpointed_iteration.txt").strip()
+    text = read_log(checkpoints / "latest_checkpointed_iteration.txt").strip()
     return int(text) if text.isdigit() else 0
 
 
@@ -262,20 +262,20 @@ def kill_mid_step(
     the driver; return that step and the workers it had."""
     checkpoints = out / "checkpoints"
     saved = after_step or plan.save_freq
-    _wait_for(lambda: _saved_step(checkpoints) >= saved, f"the checkpoint of step {saved}", 900, driver, log)
+    wait_for(lambda: _saved_step(checkpoints) >= saved, f"the checkpoint of step {saved}", 900, driver, log)
     saved_at = time.time()
 
     def next_step_generating() -> bool:
         events = read_lifecycle(out / "lifecycle")
         return any(e["event"] == "generate" and not e.get("validate") and e["t"] > saved_at for e in events)
 
-    _wait_for(next_step_generating, f"step {saved + 1} to start generating", 300, driver, log)
+    wait_for(next_step_generating, f"step {saved + 1} to start generating", 300, driver, log)
     killed_step = _saved_step(checkpoints) + 1
-    _log(f"killing the driver (pid {driver.pid}) in the middle of step {killed_step}")
+    log_progress(f"killing the driver (pid {driver.pid}) in the middle of step {killed_step}")
     driver.send_signal(signal.SIGKILL)
     driver.wait(30)
     workers = {e["pid"] for e in read_lifecycle(out / "lifecycle")}
-    _wait_for(lambda: not any(psutil.pid_exists(p) for p in workers), "Ray to stop the killed job's workers", 120)
+    wait_for(lambda: not any(psutil.pid_exists(p) for p in workers), "Ray to stop the killed job's workers", 120)
     return killed_step, workers
 
 
@@ -393,7 +393,7 @@ def check_validation(texts: list[str], logs: list[Path]) -> None:
 def summarise(
     out: Path, logs: list[Path], plan: Plan, killed_step: int, expected_from: int | None = None
 ) -> dict[str, object]:
-    texts = [_text(p) for p in logs]
+    texts = [read_log(p) for p in logs]
     joined, npus = check_joined(texts[0], plan, logs[0])
     steps, resumed_from = check_resume(texts, logs, plan, killed_step, expected_from)
     # the checkpoint run 2 resumed from, unless the plan keeps fewer checkpoints than it saves: then the last one
@@ -462,7 +462,7 @@ def judge(
     try:
         summary["lifecycle"] = check_lifecycle(events, killed_pids, workers_per_run=plan.world)
         summary["checkpoint_loads"] = check_checkpoint_loads(events, killed_pids, summary["resumed_from_step"])
-        summary["preludes"] = check_preludes([_text(p) for p in logs], events)
+        summary["preludes"] = check_preludes([read_log(p) for p in logs], events)
     except LifecycleError as exc:
         raise LifecycleError(f"{exc}; records: {out / 'lifecycle'}, logs: {logs[0]}, {logs[1]}") from exc
     return summary
@@ -478,7 +478,7 @@ def single_copy(log: Path) -> Path:
     The simulated nodes share one host and therefore one Ray session directory, so the log monitor of every node
     forwards every worker line: once plain and once tagged with a node IP. On a real cluster each line arrives once.
     """
-    kept = [line for line in _text(log).splitlines(keepends=True) if not FORWARDED_WITH_IP.match(line)]
+    kept = [line for line in read_log(log).splitlines(keepends=True) if not FORWARDED_WITH_IP.match(line)]
     target = log.with_suffix(".console.log")
     target.write_text("".join(kept))
     return target
@@ -506,7 +506,7 @@ def prepare(out: Path, plan: Plan, weights: Path | None) -> Path:
         shutil.rmtree(out)
     (out / "lifecycle").mkdir(parents=True)
     source = f"the quickstart's checkpoint in {weights}" if weights else f"a converted smoke checkpoint under {out}"
-    _log(f"inputs: {source}, the toy task's parquet under {out / 'inputs'}")
+    log_progress(f"inputs: {source}, the toy task's parquet under {out / 'inputs'}")
     try:
         inputs = make_inputs(out / "inputs", weights)
     except FileNotFoundError as exc:
@@ -527,7 +527,7 @@ def new_cluster(out: Path, plan: Plan, launch: Path, sampler: RssSampler) -> Clu
     cluster = Cluster(out, plan, prefix, netns, envs, temp_dir)
     sampler.watch_cmdline(temp_dir)
     where = f"network namespace {netns}" if netns else "the host's loopback (no network namespace available)"
-    _log(f"cluster: {plan.nodes} nodes x {plan.npus_per_node} NPU on {where}, Ray temp dir {temp_dir}")
+    log_progress(f"cluster: {plan.nodes} nodes x {plan.npus_per_node} NPU on {where}, Ray temp dir {temp_dir}")
     return cluster
 
 
@@ -538,12 +538,12 @@ def rehearse(out: Path, plan: Plan, sampler: RssSampler, weights: Path | None = 
     logs = [out / "run1.log", out / "run2.log"]
     try:
         head = start_cluster(cluster, logs[0])
-        _log(f"run 1: the head runs the recipe entry point (log {logs[0]})")
+        log_progress(f"run 1: the head runs the recipe entry point (log {logs[0]})")
         killed_step, killed_pids = kill_mid_step(head, out, plan, logs[0])
-        _log(f"run 2: relaunching on the same cluster (log {logs[1]})")
+        log_progress(f"run 2: relaunching on the same cluster (log {logs[1]})")
         relaunch(cluster, launch, logs[1], timeout=900)
     finally:
-        _log("stopping the drivers and the Ray nodes (recorded pids)")
+        log_progress("stopping the drivers and the Ray nodes (recorded pids)")
         stop_cluster(cluster)
     summary = judge(out, logs, plan, killed_step, killed_pids)
     summary.update(judge_training(out, logs, plan))
@@ -551,7 +551,7 @@ def rehearse(out: Path, plan: Plan, sampler: RssSampler, weights: Path | None = 
     summary["netns"] = netns
     summary["report"] = str(run_report(out, logs))
     final = out / "checkpoints" / f"global_step_{plan.total_steps}"
-    _log(f"export: convert-weights to-hf {final}, then a strict transformers load and a greedy answer")
+    log_progress(f"export: convert-weights to-hf {final}, then a strict transformers load and a greedy answer")
     summary["export"] = export(final, out / "exported-hf", out / "export.log")
     return summary
 
