@@ -11,6 +11,7 @@ Uses ``ray.nodes()`` / ``ray.cluster_resources()`` (never parses ``ray status`` 
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -19,7 +20,11 @@ from typing import Any
 
 import psutil
 
+from r1_ascend.recipe.driver_address import split_address
+
 POLL_SECONDS = 2.0
+#: Seconds one look waits for the head's GCS port to accept a connection.
+CONNECT_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,19 @@ def _joined(state: ClusterState) -> str:
     return ", ".join(f"{ip} ({npus:g} NPU)" for ip, npus in sorted(state.npus_by_ip.items())) or "none"
 
 
+def gcs_unreachable(address: str, timeout: float = CONNECT_SECONDS) -> str | None:
+    """Why the GCS at ``address`` does not accept a TCP connection, or None when it does.
+
+    Checked before ``ray.init``: against an address nobody serves, Ray retries for many minutes, printing warnings,
+    so the wait's own timeout and its watch on ``ray start`` would not be honoured."""
+    host, port = split_address(address)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return None
+    except OSError as exc:
+        return f"nothing accepts connections at {address} ({type(exc).__name__}: {exc})"
+
+
 def _connect(address: str, node_ip: str) -> Callable[[], ClusterState]:
     import ray
 
@@ -100,6 +118,8 @@ def wait(args: argparse.Namespace, *, joined_only: bool) -> int:
             return 2
         try:
             if poll is None:
+                if (unreachable := gcs_unreachable(args.address)) is not None:
+                    raise ConnectionError(unreachable)
                 poll = _connect(args.address, args.node_ip)
             state = poll()
             problem = readiness(state, nodes, args.npus_per_node, expected) or ""
