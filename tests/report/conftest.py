@@ -496,3 +496,16 @@ def run_writer(verl_modules: SimpleNamespace, tmp_path: Path) -> Callable[..., R
         return RunWriter(verl_modules, tmp_path / name, seed, token_scale)
 
     return make
+
+
+@pytest.fixture(scope="module")
+def module_run_writer(
+    verl_modules: SimpleNamespace, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[..., RunWriter]:
+    """``run_writer`` for runs a whole module only reads (a run through verl's logger takes seconds to write)."""
+    root = tmp_path_factory.mktemp("runs")
+
+    def make(name: str = "run", seed: int = 0, token_scale: float = 1.0) -> RunWriter:
+        return RunWriter(verl_modules, root / name, seed, token_scale)
+
+    return make

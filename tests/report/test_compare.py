@@ -15,14 +15,15 @@ from r1_ascend.report.timing import parse_window
 STEPS = range(1, 16)
 
 
-@pytest.fixture
-def runs(run_writer):
-    baseline = run_writer("baseline", seed=21)
+@pytest.fixture(scope="module")
+def runs(module_run_writer):
+    """Written once for the module; the tests only read them (what they write goes to their own tmp_path)."""
+    baseline = module_run_writer("baseline", seed=21)
     baseline.segment(STEPS, tensorboard=True)
-    unchanged = run_writer("unchanged", seed=21)
+    unchanged = module_run_writer("unchanged", seed=21)
     unchanged.segment(STEPS)
     # same run, 10 % fewer tokens in the same step time: throughput -10 %, everything else identical
-    slower = run_writer("slower", seed=21, token_scale=0.9)
+    slower = module_run_writer("slower", seed=21, token_scale=0.9)
     slower.segment(STEPS)
     return baseline.run, unchanged.run, slower.run
 
