@@ -76,11 +76,11 @@ def stack_rows(npu_present: bool) -> list[Row]:
         else:
             verdict = "FAIL"
         rows.append(Row(check.distribution, check.pinned, found, verdict))
-    rows.append(_mindspeed_row(npu_present))
+    rows.append(mindspeed_row(npu_present))
     return rows
 
 
-def _mindspeed_row(npu_present: bool) -> Row:
+def mindspeed_row(npu_present: bool) -> Row:
     """MindSpeed is not on PyPI: check the checkout's commit and the registration mindspeed_torch_compile needs."""
     from r1_ascend.mindspeed_source import find_mindspeed
 

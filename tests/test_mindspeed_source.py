@@ -61,10 +61,10 @@ def test_doctor_row_for_an_installed_mindspeed(
     source = find_mindspeed()
     assert source is not None
     assert source.package_dir == tmp_path / "mindspeed"
-    row = doctor._mindspeed_row(npu_present=True)
+    row = doctor.mindspeed_row(npu_present=True)
     assert (row.verdict, text in row.found) == (verdict, True), row
 
 
 def test_missing_mindspeed_fails_only_on_an_npu_machine() -> None:
-    assert doctor._mindspeed_row(npu_present=False).verdict == "note"
-    assert doctor._mindspeed_row(npu_present=True).verdict == "FAIL"
+    assert doctor.mindspeed_row(npu_present=False).verdict == "note"
+    assert doctor.mindspeed_row(npu_present=True).verdict == "FAIL"

@@ -456,7 +456,7 @@ REPLACEMENTS: tuple[Replacement, ...] = (
 )
 
 
-def _source(module: str) -> str:
+def module_source(module: str) -> str:
     return inspect.getsource(sys.modules[module] if module in sys.modules else __import__(module, fromlist=["_"]))
 
 
@@ -466,12 +466,12 @@ def check_targets() -> list[str]:
 
     problems = []
     for module_name, names in TE_SPEC_MODULES.items():
-        source = _source(module_name)
+        source = module_source(module_name)
         for name in names:
             if name not in source:
                 problems.append(f"{module_name} no longer names {name}")
     for module_name, calls in CUDA_CALL_MODULES.items():
-        source = _source(module_name)
+        source = module_source(module_name)
         for call in calls:
             if call not in source:
                 problems.append(f"{module_name} no longer calls {call}")
@@ -513,7 +513,7 @@ def check_targets() -> list[str]:
         if not callable(getattr(importlib.import_module(module_name), name, None)):
             problems.append(f"{module_name}.{name} is gone")
     manager = importlib.import_module("verl.utils.checkpoint.megatron_checkpoint_manager")
-    if "transformer_engine.pytorch.optimizers.fused_adam.FusedAdam" not in _source(manager.__name__):
+    if "transformer_engine.pytorch.optimizers.fused_adam.FusedAdam" not in module_source(manager.__name__):
         problems.append("MegatronCheckpointManager no longer registers transformer_engine's FusedAdam")
     return problems
 

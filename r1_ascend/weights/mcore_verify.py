@@ -45,7 +45,7 @@ def process_group(rank: int = 0, world_size: int = 1, store_path: str | None = N
             dist.destroy_process_group()
 
 
-def _local_sharded(
+def local_sharded(
     t: DistTensor, layout: Layout, tp_rank: int, ep_rank: int, experts: set[int] | None = None
 ) -> dict[str, Any]:
     """The mcore sharded entries the model at (tp_rank, ep_rank) would request for ``t`` (only the local experts
@@ -93,7 +93,9 @@ def _local_sharded(
     return out
 
 
-def _expected(t: DistTensor, src: HFCheckpoint, layout: Layout, tp_rank: int, ep_rank: int) -> dict[str, torch.Tensor]:
+def expected_shards(
+    t: DistTensor, src: HFCheckpoint, layout: Layout, tp_rank: int, ep_rank: int
+) -> dict[str, torch.Tensor]:
     """Independent statement of the mapping: the local tensors straight from the HF names."""
     tp = layout.tp
 
@@ -162,7 +164,7 @@ def _verify_rank(ckpt_dir: Path, hf_dir: Path, layout: Layout, extra_state: bool
     for layer, tensors in _groups(plan).items():
         ssd: dict[str, Any] = {}
         for t in tensors:
-            ssd.update(_local_sharded(t, layout, tp_rank, ep_rank))
+            ssd.update(local_sharded(t, layout, tp_rank, ep_rank))
         extras = [
             e
             for e in extras_by_layer.get(layer, [])
@@ -173,7 +175,7 @@ def _verify_rank(ckpt_dir: Path, hf_dir: Path, layout: Layout, extra_state: bool
             ssd[e.unique_key] = ShardedObject(e.key, None, e.shape, e.offset, replica_id=replica)
         loaded = _load(ssd, ckpt_dir)
         for t in tensors:
-            for key, want in _expected(t, src, layout, tp_rank, ep_rank).items():
+            for key, want in expected_shards(t, src, layout, tp_rank, ep_rank).items():
                 have = loaded[key]
                 if have.dtype != want.dtype or have.shape != want.shape or not torch.equal(have, want):
                     msg = f"{ckpt_dir}: {key} at tp_rank={tp_rank} ep_rank={ep_rank} of {layout} differs from HF"
@@ -278,7 +280,7 @@ def megatron_to_hf(ckpt_dir: str | Path, hf_config: dict[str, Any], out_dir: str
         for n, (_layer, tensors) in enumerate(_groups(plan).items()):
             ssd: dict[str, Any] = {}
             for t in tensors:
-                ssd.update(_local_sharded(t, layout, 0, 0))
+                ssd.update(local_sharded(t, layout, 0, 0))
             loaded = _load(ssd, ckpt_dir)
             hf: dict[str, torch.Tensor] = {}
             for t in tensors:

@@ -125,7 +125,7 @@ class _LazyResolver:
                 self.bar(math.prod(p.sizes) * torch.empty((), dtype=t.dtype).element_size())
 
 
-def _rank_items(plan: MegatronPlan) -> dict[int, list[WriteItem]]:
+def rank_items(plan: MegatronPlan) -> dict[int, list[WriteItem]]:
     out: dict[int, list[WriteItem]] = {}
     for rank, (pieces, extras) in sorted(plan.by_rank().items()):
         items = [WriteItem(index=MetadataIndex(e.unique_key), type=WriteItemType.BYTE_IO) for e in extras]
@@ -134,7 +134,7 @@ def _rank_items(plan: MegatronPlan) -> dict[int, list[WriteItem]]:
     return out
 
 
-def _item_writer() -> Any:
+def item_writer() -> Any:
     """``(stream, data, item, storage_key) -> WriteResult`` over torch's private DCP item writer.
 
     Its signature changed between the torch on the NPU image (2.5.1: ``(stream, data, write_item, storage_key)``)
@@ -158,7 +158,7 @@ def _item_writer() -> Any:
     raise CheckpointFormatError(msg)
 
 
-def _results_path(dst: Path, rank: int) -> Path:
+def results_path(dst: Path, rank: int) -> Path:
     """Sidecar holding the DCP WriteResults of a finished rank file (the metadata needs them)."""
     return dst / f".__{rank}_0.results.pt"
 
@@ -169,7 +169,7 @@ def finished_rank_results(dst: Path, rank: int, items: list[WriteItem]) -> list[
     A rank file counts as finished when it was renamed into place, its sidecar lists exactly the items this plan
     puts in that rank, and the file is exactly as long as the records the sidecar describes.
     """
-    path, sidecar = dst / f"__{rank}_0.distcp", _results_path(dst, rank)
+    path, sidecar = dst / f"__{rank}_0.distcp", results_path(dst, rank)
     if not (path.is_file() and sidecar.is_file()):
         return None
     try:
@@ -195,14 +195,14 @@ def write_rank_file(dst: Path, rank: int, items: list[WriteItem], resolver: _Laz
     if done is not None:
         resolver.skip(items)
         return done
-    write_one = _item_writer()
+    write_one = item_writer()
     results = []
     with atomic_open(dst / name) as stream:
         for item in items:
             data = resolver.resolve_data(item)
             results.append(write_one(stream, data, item, name))
             del data
-    with atomic_open(_results_path(dst, rank)) as sidecar:
+    with atomic_open(results_path(dst, rank)) as sidecar:
         torch.save(results, sidecar)
     resolver._cached = None
     return results
@@ -221,7 +221,7 @@ def _write_ranks(src: str, dst: str, layout: Layout, extra_state: bool, ranks: l
     ckpt = HFCheckpoint(src)
     plan = build_plan(ckpt.config, layout, extra_state=extra_state)
     pieces = {(t.key, p.offsets): (t, p) for t in plan.tensors for p in t.pieces}
-    items = _rank_items(plan)
+    items = rank_items(plan)
     report = queue.put if queue is not None else None
     resolver = _LazyResolver(ckpt, pieces, report)
     results: list[Any] = []
@@ -287,7 +287,7 @@ def convert_hf_to_megatron(
             return MegatronResult(dst, len(plan.tensors), len(plan.extra_states), 0, 0.0, skipped=True)
         for stale in [*dst.glob(temp_glob("__*.distcp")), *dst.glob(".metadata*"), dst / "common.pt"]:
             stale.unlink(missing_ok=True)  # partial files of a killed run; finished rank files are kept and reused
-    items = _rank_items(plan)
+    items = rank_items(plan)
     ranks = sorted(items)
     bar = Progress("to-megatron", total_bytes, enabled=progress)
     if workers <= 1:

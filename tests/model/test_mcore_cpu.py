@@ -20,13 +20,13 @@ def test_every_target_matches_the_pinned_upstream() -> None:
     ],
 )
 def test_drift_in_a_target_is_named(monkeypatch: pytest.MonkeyPatch, module: str, needle: str) -> None:
-    real = mcore_cpu._source
+    real = mcore_cpu.module_source
 
     def drifted(name: str) -> str:
         text = real(name)
         return text.replace(needle, "something_else") if name == module else text
 
-    monkeypatch.setattr(mcore_cpu, "_source", drifted)
+    monkeypatch.setattr(mcore_cpu, "module_source", drifted)
     problems = mcore_cpu.check_targets()
     assert len(problems) == 1
     assert module in problems[0]

@@ -63,7 +63,7 @@ def install(args: argparse.Namespace) -> None:
 
     _after(StreamingWriter, "end", after_tensor)
 
-    real_item_writer = mcore_writer._item_writer
+    real_item_writer = mcore_writer.item_writer
 
     def slow_item_writer() -> Any:  # to-megatron: one chunk written to a rank file
         write = real_item_writer()
@@ -76,7 +76,7 @@ def install(args: argparse.Namespace) -> None:
 
         return write_then_wait
 
-    mcore_writer._item_writer = slow_item_writer
+    mcore_writer.item_writer = slow_item_writer
 
     rank_killed = _counter(args.kill_after_ranks)
     real_rank_file = mcore_writer.write_rank_file

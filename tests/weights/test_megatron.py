@@ -110,12 +110,12 @@ def test_item_writer_supports_the_torch_signature_of_the_npu_image(monkeypatch: 
         return "result"
 
     monkeypatch.setattr(mcore_writer, "dcp_write_item", old_style)
-    assert mcore_writer._item_writer()(None, None, None, "__0_0.distcp") == "result"
+    assert mcore_writer.item_writer()(None, None, None, "__0_0.distcp") == "result"
     assert calls == ["__0_0.distcp"]
 
     monkeypatch.setattr(mcore_writer, "dcp_write_item", lambda stream, data: None)
     with pytest.raises(CheckpointFormatError, match="does not know"):
-        mcore_writer._item_writer()
+        mcore_writer.item_writer()
 
 
 def test_overwrite_never_deletes_the_source(tiny_bf16: Path, tmp_path: Path) -> None:
@@ -159,13 +159,12 @@ def test_killed_conversion_keeps_finished_rank_files(tiny_bf16: Path, tmp_path: 
 
 def test_torn_rank_file_is_rewritten(tiny_bf16: Path, tmp_path: Path) -> None:
     """A rank file whose length disagrees with its recorded results is not trusted on resume."""
-    from r1_ascend.weights.mcore_writer import _rank_items, finished_rank_results
-    from r1_ascend.weights.mcore_writer import _results_path as results_path
+    from r1_ascend.weights.mcore_writer import finished_rank_results, rank_items, results_path
 
     out = tmp_path / "mcore"
     convert_hf_to_megatron(tiny_bf16, out, Layout(ep=2), progress=False)
     plan = build_plan(HFCheckpoint(tiny_bf16).config, Layout(ep=2), extra_state=True)
-    items = _rank_items(plan)[0]
+    items = rank_items(plan)[0]
     rank_file = out / "__0_0.distcp"
     with (out / ".metadata").open("rb") as f:
         results = list(pickle.load(f).storage_data.items())  # DCP writes its metadata with pickle

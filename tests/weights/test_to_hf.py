@@ -81,14 +81,14 @@ def test_checkpoint_saved_by_megatron_core_with_optimizer_state(hf_fixed: Path, 
     from megatron.core.dist_checkpointing import ShardedObject, ShardedTensor
 
     from r1_ascend.weights.mcore_plan import build_plan
-    from r1_ascend.weights.mcore_verify import _expected, _local_sharded, process_group
+    from r1_ascend.weights.mcore_verify import expected_shards, local_sharded, process_group
 
     src = HFCheckpoint(hf_fixed)
     plan = build_plan(src.config, Layout(), extra_state=False)
     model: dict = {}
     for t in plan.tensors:
-        entries = _local_sharded(t, Layout(), 0, 0)
-        for key, value in _expected(t, src, Layout(), 0, 0).items():
+        entries = local_sharded(t, Layout(), 0, 0)
+        for key, value in expected_shards(t, src, Layout(), 0, 0).items():
             entries[key].data.copy_(value)
         model.update(entries)
     moment = torch.arange(12, dtype=torch.float32)
