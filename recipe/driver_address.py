@@ -35,17 +35,24 @@ def split_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def connect_error(address: str, timeout: float) -> OSError | None:
+    """Why one TCP connection to ``address`` (``HOST:PORT``) failed within ``timeout`` s; None when accepted."""
+    host, port = split_address(address)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return None
+    except OSError as exc:
+        return exc
+
+
 def probe(address: str, timeout: float = DEFAULT_TIMEOUT, interval: float = 1.0) -> None:
     """Return once ``address`` accepts a TCP connection; raise :class:`ClusterUnreachableError` after ``timeout``."""
     host, port = split_address(address)
     deadline = time.monotonic() + timeout
-    last: OSError | None = None
     while True:
-        try:
-            with socket.create_connection((host, port), timeout=min(5.0, max(timeout, 0.1))):
-                return
-        except OSError as exc:
-            last = exc
+        last = connect_error(address, min(5.0, max(timeout, 0.1)))
+        if last is None:
+            return
         if time.monotonic() >= deadline:
             break
         time.sleep(interval)

@@ -120,12 +120,6 @@ def _is_private_name(name: str) -> bool:
     return name.startswith("_") and not name.startswith("__")
 
 
-def is_private_patches_module(name: str) -> bool:
-    if not _under(name, "r1_ascend.patches"):
-        return False
-    return any(_is_private_name(part) for part in name.split(".")[2:])
-
-
 def private_owner(name: str) -> str | None:
     """The module a ``_private`` part of ``name`` belongs to (``a.b._c.d`` -> ``a.b``), or None if all public."""
     parts = name.split(".")
@@ -133,6 +127,11 @@ def private_owner(name: str) -> str | None:
         if _is_private_name(part):
             return ".".join(parts[:index])
     return None
+
+
+def is_private_patches_module(name: str) -> bool:
+    owner = private_owner(name)
+    return owner is not None and _under(owner, "r1_ascend.patches")
 
 
 def project_imports(path: str, source: str, known: set[str]) -> list[Edge]:

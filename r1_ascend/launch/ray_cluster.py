@@ -11,7 +11,6 @@ Uses ``ray.nodes()`` / ``ray.cluster_resources()`` (never parses ``ray status`` 
 from __future__ import annotations
 
 import argparse
-import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -20,7 +19,7 @@ from typing import Any
 
 import psutil
 
-from r1_ascend.recipe.driver_address import split_address
+from r1_ascend.recipe.driver_address import connect_error
 
 POLL_SECONDS = 2.0
 #: Seconds one look waits for the head's GCS port to accept a connection.
@@ -74,12 +73,8 @@ def gcs_unreachable(address: str, timeout: float = CONNECT_SECONDS) -> str | Non
 
     Checked before ``ray.init``: against an address nobody serves, Ray retries for many minutes, printing warnings,
     so the wait's own timeout and its watch on ``ray start`` would not be honoured."""
-    host, port = split_address(address)
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return None
-    except OSError as exc:
-        return f"nothing accepts connections at {address} ({type(exc).__name__}: {exc})"
+    error = connect_error(address, timeout)
+    return None if error is None else f"nothing accepts connections at {address} ({type(error).__name__}: {error})"
 
 
 def _connect(address: str, node_ip: str) -> Callable[[], ClusterState]:
