@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from r1_ascend.report.figures import Panel
+    from r1_ascend.report.panels import Panel
 
 FIGURE_WIDTH_PX = 1200
 FIGURE_HEIGHT_PX = 700

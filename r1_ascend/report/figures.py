@@ -12,33 +12,11 @@ from r1_ascend.patches.rules import expert_load
 from r1_ascend.patches.rules import rollout_guard as guard
 from r1_ascend.report import metric_names as mn
 from r1_ascend.report.figure_style import DPI, build_figure
+from r1_ascend.report.panels import Panel, Reference, Series
 from r1_ascend.report.run import RunData
 from r1_ascend.report.timing import DIES_PER_CARD, RESHARD_DERIVED, reshard_seconds
 
 logger = logging.getLogger(__name__)
-
-
-Series = dict[str, tuple[list[int], list[float]]]
-
-
-@dataclass(frozen=True)
-class Reference:
-    """A logged level drawn as a step line (warn dotted, stop dashed), in the colour of the series it applies to."""
-
-    label: str
-    steps: list[int]
-    values: list[float]
-    of: str | None = None  # the series it applies to; None: black
-    style: str = "warn"  # "warn" or "stop"
-
-
-@dataclass
-class Panel:
-    ylabel: str
-    series: Series
-    references: list[Reference] = field(default_factory=list)
-    # differences spanning decades (1e-7 healthy next to nats broken) are read on a log axis
-    log_scale: bool = False
 
 
 @dataclass
