@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _reexec_with_site() -> None:
     """Once: run again with the rehearsal's CPU site first on ``PYTHONPATH`` (its ``sitecustomize`` installs them)."""
-    from r1_ascend.rehearse.run import SITE
+    from r1_ascend.rehearse.cluster import SITE
 
     if str(SITE) in sys.path:
         return

@@ -15,11 +15,15 @@ Across layers, only the public modules of ``r1_ascend.patches`` may be imported:
 part starting with ``_`` below ``r1_ascend.patches`` is private to the package, tests included (what a patch
 installs is public in ``r1_ascend.patches.impl``, so its tests need no private import). Outside the tests, a
 ``_name`` (module or attribute) is imported only from within the module or package that owns it.
+
+No import cycle among the project's modules, at any depth (a function-level import that closes a cycle still ties
+the two modules together): :func:`import_cycle`.
 """
 
 from __future__ import annotations
 
 import ast
+import graphlib
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -187,6 +191,31 @@ def violations(files: dict[str, str]) -> list[str]:
     return problems
 
 
+def import_cycle(files: dict[str, str]) -> list[str] | None:
+    """One cycle of imports among the project modules in ``files`` (``[a, b, a]``), or None.
+
+    An import resolves to the module it names: ``from pkg.mod import name`` is an edge to ``pkg.mod`` (importing a
+    submodule also runs its package's ``__init__``, which is no edge unless that file imports the submodule back)."""
+    known = {name for path in files if (name := module_name(path))}
+    graph: dict[str, set[str]] = {}
+    for path, source in files.items():
+        own = module_name(path)
+        if own is None:
+            continue
+        targets = graph.setdefault(own, set())
+        for edge in project_imports(path, source, known):
+            target = edge.imported
+            while target not in known and "." in target:
+                target = target.rsplit(".", 1)[0]
+            if target in known and target != own:
+                targets.add(target)
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as cycle:
+        return list(cycle.args[1])
+    return None
+
+
 def _tracked_sources() -> dict[str, str]:
     listed = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py"],
@@ -243,6 +272,50 @@ def test_allowed_imports_are_not_reported() -> None:
         "data/files.py": "",
     }
     assert violations(files) == []
+
+
+def test_no_import_cycle() -> None:
+    assert import_cycle(_tracked_sources()) is None
+
+
+@pytest.mark.parametrize(
+    "files",
+    [
+        {"r1_ascend/a.py": "from r1_ascend import b\n", "r1_ascend/b.py": "import r1_ascend.a\n"},
+        # a dispatch import inside a function closes the cycle too
+        {
+            "r1_ascend/a.py": "def f():\n    from r1_ascend.b import g\n",
+            "r1_ascend/b.py": "from r1_ascend.a import f\n",
+        },
+        {
+            "r1_ascend/r/a.py": "from r1_ascend.r.b import x\n",
+            "r1_ascend/r/b.py": "from .c import y\n",
+            "r1_ascend/r/c.py": "from r1_ascend.r import a\n",
+        },
+        {
+            "r1_ascend/report/x.py": (
+                "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from r1_ascend.report.y import Y\n"
+            ),
+            "r1_ascend/report/y.py": "from r1_ascend.report.x import X\n",
+        },
+    ],
+)
+def test_an_import_cycle_is_reported(files: dict[str, str]) -> None:
+    cycle = import_cycle(files)
+    assert cycle is not None
+    assert cycle[0] == cycle[-1]
+    assert len(cycle) == len(files) + 1
+
+
+def test_imports_without_a_cycle_are_not_reported() -> None:
+    files = {
+        "r1_ascend/r/__init__.py": "",
+        "r1_ascend/r/run.py": "from r1_ascend.r import cluster, verdicts\n",
+        "r1_ascend/r/cluster.py": "from r1_ascend.r.progress import log\n",
+        "r1_ascend/r/verdicts.py": "from r1_ascend.r.progress import log\nfrom r1_ascend.r import cluster\n",
+        "r1_ascend/r/progress.py": "import r1_ascend\n",
+    }
+    assert import_cycle(files) is None
 
 
 def test_an_unplaced_file_is_an_error() -> None:

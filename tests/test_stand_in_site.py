@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from r1_ascend.rehearse.run import SITE
+from r1_ascend.rehearse.cluster import SITE
 
 TESTS_SITE = Path(__file__).resolve().parent / "sitecustomize_npu"
 

@@ -13,30 +13,42 @@ from pathlib import Path
 from r1_ascend import envs
 from r1_ascend.patches.rules.rollout_guard import GuardConfig
 from r1_ascend.rehearse.inputs import Inputs
-from r1_ascend.rehearse.mcore_cpu import CPU_TRANSFORMER_OVERRIDES
+
+#: TransformerConfig overrides a CPU actor needs (verl passes ``override_transformer_config`` through): build on the
+#: CPU (verl's converter sets use_cpu_initialization False), and no fused CUDA kernels.
+CPU_TRANSFORMER_OVERRIDES: dict[str, bool] = {
+    "use_cpu_initialization": True,
+    "masked_softmax_fusion": False,
+    "persist_layer_norm": False,
+    "bias_activation_fusion": False,
+    "bias_dropout_fusion": False,
+    "apply_rope_fusion": False,
+    "gradient_accumulation_fusion": False,
+}
 
 CONFIG_NAME = "grpo_deepseekv3_smoke"
 STANDINS_MODULE = "r1_ascend.rehearse.standins"
 
 
 #: The rollout guard's levels on this CPU rehearsal (both engines bf16 on the same CPU kernels, so far tighter than
-#: the NPU defaults): ``r1-ascend guard-levels`` on four healthy 10-step rehearsals of the quickstart's checkpoint
-#: (40 steps: the default seed, seeds 0, 11 and 12), twice and four times the healthy maximum. Each of the four stays
-#: below every warn level measured on the other three (docs/rollout_guard.md "Levels").
+#: the NPU defaults): ``r1-ascend guard-levels`` on eight healthy 10-step rehearsals of the quickstart's checkpoint
+#: (80 steps: the default seed, seeds 0-4, 11 and 12), twice and four times the healthy maximum. Four runs were too
+#: few: seeds 1 and 4 then warned in a late step (median 0.0041, k3 0.00056), where a converged policy's gap has a
+#: heavy tail (docs/rollout_guard.md "Levels").
 GUARD_LEVELS: dict[str, dict[str, float]] = {
     "warn": {
-        "abs_diff_mean": 0.0067,
-        "seq_abs_diff_median": 0.004,
-        "seq_abs_diff_max": 0.095,
+        "abs_diff_mean": 0.011,
+        "seq_abs_diff_median": 0.0082,
+        "seq_abs_diff_max": 0.16,
         "tail_fraction": 0.01,
-        "kl_k3": 0.00037,
+        "kl_k3": 0.0012,
     },
     "stop": {
-        "abs_diff_mean": 0.014,
-        "seq_abs_diff_median": 0.008,
-        "seq_abs_diff_max": 0.19,
+        "abs_diff_mean": 0.022,
+        "seq_abs_diff_median": 0.017,
+        "seq_abs_diff_max": 0.32,
         "tail_fraction": 0.02,
-        "kl_k3": 0.00073,
+        "kl_k3": 0.0023,
     },
 }
 

@@ -510,13 +510,16 @@ class CPUStandInLLM:
             model.check_complete(model.load_weights(_checkpoint_tensors(model_dir)))
         return model, MLADims.from_hf_config(self.hf_config)
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], *, recompute_mla: bool = True) -> set[str]:
         """What vLLM's loader does with new weights: ``model.load_weights``, then each MLA layer re-derives its
-        matrices (``process_weights_after_loading``). The overlay's ``update_weights`` does the same two steps."""
+        matrices (``process_weights_after_loading``). The overlay's ``update_weights`` does the same two steps; the
+        rehearsal's tests and the guard's calibration load through here. ``recompute_mla=False`` leaves the
+        matrices of the previous weights (a planted fault)."""
         from r1_ascend.patches.impl.rollout_memory import mla_impls, recompute_mla_matrices
 
         loaded = self.model.load_weights(weights)
-        recompute_mla_matrices(mla_impls(self.runner.forward_context), self.dtype)
+        if recompute_mla:
+            recompute_mla_matrices(mla_impls(self.runner.forward_context), self.dtype)
         return loaded
 
     def reset_prefix_cache(self) -> bool:

@@ -14,24 +14,21 @@ from pathlib import Path
 
 from r1_ascend.rehearse import faults, process_faults, training
 from r1_ascend.rehearse.budget import RssSampler
-from r1_ascend.rehearse.config import Plan
-from r1_ascend.rehearse.run import (
-    check_joined,
-    judge,
+from r1_ascend.rehearse.cluster import (
     kill_mid_step,
-    log_progress,
     new_cluster,
     node_dir,
-    node_ip,
     node_pid_files,
     prepare,
-    read_log,
     rejoin_node,
     relaunch,
     start_cluster,
     start_driver,
     stop_cluster,
 )
+from r1_ascend.rehearse.config import Plan, node_ip
+from r1_ascend.rehearse.progress import log_progress, read_log
+from r1_ascend.rehearse.verdicts import check_joined, judge
 
 
 def rehearse_fault(out: Path, fault: str, plan: Plan, sampler: RssSampler, weights: Path | None) -> dict[str, object]:

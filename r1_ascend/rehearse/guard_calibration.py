@@ -86,7 +86,8 @@ class Loop:
         from transformers import AutoConfig, AutoTokenizer
         from verl.utils.model import load_mcore_dist_weights
 
-        from r1_ascend.rehearse import mcore_cpu, toy_task
+        from r1_ascend.rehearse import toy_task
+        from r1_ascend.rehearse.config import CPU_TRANSFORMER_OVERRIDES
         from r1_ascend.rehearse.cpu_engine import CPUStandInLLM
         from r1_ascend.weights.model_check import build_actor, init_single_rank
 
@@ -95,9 +96,7 @@ class Loop:
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[setup.dtype]
         hf_config = AutoConfig.from_pretrained(str(setup.hf_dir))
         with contextlib.redirect_stdout(io.StringIO()):  # verl prints the whole transformer config on every build
-            actor, tf_config = build_actor(
-                hf_config, dtype, dict(mcore_cpu.CPU_TRANSFORMER_OVERRIDES), wrap_with_ddp=False
-            )
+            actor, tf_config = build_actor(hf_config, dtype, dict(CPU_TRANSFORMER_OVERRIDES), wrap_with_ddp=False)
         load_mcore_dist_weights(actor, str(setup.dist_ckpt), is_value_model=False)
         engine = CPUStandInLLM(
             str(setup.hf_dir), dtype={"fp32": "float32", "bf16": "bfloat16"}[setup.dtype], seed=setup.seed

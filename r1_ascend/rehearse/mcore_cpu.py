@@ -872,16 +872,3 @@ def install() -> None:
     _install_write_item_signature()
     _install_optimizer_state_step()
     _INSTALLED = True
-
-
-#: TransformerConfig overrides a CPU actor needs (verl passes ``override_transformer_config`` through): build on the
-#: CPU (verl's converter sets use_cpu_initialization False), and no fused CUDA kernels.
-CPU_TRANSFORMER_OVERRIDES: dict[str, Any] = {
-    "use_cpu_initialization": True,
-    "masked_softmax_fusion": False,
-    "persist_layer_norm": False,
-    "bias_activation_fusion": False,
-    "bias_dropout_fusion": False,
-    "apply_rope_fusion": False,
-    "gradient_accumulation_fusion": False,
-}

@@ -27,10 +27,11 @@ from typing import Any
 
 from r1_ascend.rehearse import expert_checks
 from r1_ascend.rehearse.budget import RssSampler
+from r1_ascend.rehearse.cluster import new_cluster, prepare, start_cluster, stop_cluster
 from r1_ascend.rehearse.config import FAULT_BATCH, Plan
 from r1_ascend.rehearse.faults import MOE_FAULTS, FaultError
 from r1_ascend.rehearse.lifecycle import read_lifecycle
-from r1_ascend.rehearse.run import log_progress, new_cluster, prepare, read_log, start_cluster, stop_cluster
+from r1_ascend.rehearse.progress import log_progress, read_log
 
 #: Layer (checkpoint index) and expert the dead-expert fault kills: the smoke model's second MoE layer.
 DEAD_EXPERT = (2, 0)

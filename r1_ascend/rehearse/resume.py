@@ -18,6 +18,7 @@ from pathlib import Path
 from r1_ascend.patches.rules.checkpoints import read_tracker, step_dirs
 from r1_ascend.rehearse import training
 from r1_ascend.rehearse.budget import RssSampler
+from r1_ascend.rehearse.cluster import PLAN_FILE, new_cluster, start_cluster, stop_cluster, write_launch
 from r1_ascend.rehearse.config import Plan, with_overrides
 from r1_ascend.rehearse.lifecycle import (
     LifecycleError,
@@ -26,19 +27,8 @@ from r1_ascend.rehearse.lifecycle import (
     check_preludes,
     read_lifecycle,
 )
-from r1_ascend.rehearse.run import (
-    PLAN_FILE,
-    RehearsalError,
-    check_checkpoint,
-    check_joined,
-    check_resumed,
-    log_progress,
-    new_cluster,
-    read_log,
-    start_cluster,
-    stop_cluster,
-    write_launch,
-)
+from r1_ascend.rehearse.progress import RehearsalError, log_progress, read_log
+from r1_ascend.rehearse.verdicts import check_checkpoint, check_joined, check_resumed
 
 _RESUME_FROM = re.compile(r"trainer\.resume_from_path=\S*global_step_(\d+)/?$")
 

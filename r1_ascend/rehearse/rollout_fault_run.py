@@ -17,17 +17,9 @@ from pathlib import Path
 
 from r1_ascend.rehearse import faults, rollout_faults
 from r1_ascend.rehearse.budget import RssSampler
+from r1_ascend.rehearse.cluster import new_cluster, prepare, start_cluster, stop_cluster, wait_for
 from r1_ascend.rehearse.config import Plan
-from r1_ascend.rehearse.run import (
-    RehearsalError,
-    log_progress,
-    new_cluster,
-    prepare,
-    read_log,
-    start_cluster,
-    stop_cluster,
-    wait_for,
-)
+from r1_ascend.rehearse.progress import RehearsalError, log_progress, read_log
 
 #: The weight sync (= training step, before the first validation) the fault is planted in.
 FAULT_STEP = 2

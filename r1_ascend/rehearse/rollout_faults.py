@@ -14,11 +14,12 @@ import math
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch is imported where a tensor is made: `rehearse --help` reads FAULTS without it
+    import torch
 
-Weights = dict[str, torch.Tensor]
+Weights = dict[str, "torch.Tensor"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ def _moe_layer(engine: Any) -> int:
 
 def expert_loads(engine: Any, prompts: list[list[int]]) -> dict[int, Counter[int]]:
     """Tokens routed to each expert of each MoE layer when the engine reads ``prompts`` (its current weights)."""
+    import torch
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
 
     loads: dict[int, Counter[int]] = {}
@@ -148,6 +150,8 @@ def _stale_bias(_engine: Any, weights: Weights, previous: Weights, _probe: list[
 
 def _kv_b_proj_halves(engine: Any, weights: Weights, _previous: Weights, _probe: list[list[int]]) -> Sync:
     """One layer's ``kv_b_proj`` with the two halves of its output rows swapped (a split/merge layout bug)."""
+    import torch
+
     name = f"model.layers.{_moe_layer(engine)}.self_attn.kv_b_proj.weight"
     swapped = dict(weights)
     first, second = weights[name].chunk(2, dim=0)
@@ -227,13 +231,8 @@ def sync(
     """Load one step's weights into the engine (``CPUStandInLLM``) as the overlay's ``update_weights`` does, with
     ``fault`` planted in this sync (``previous``: the weights of the sync before, for the stale faults; ``probe``:
     prompts whose routing picks the expert of the per-expert faults)."""
-    from r1_ascend.patches.impl.rollout_memory import mla_impls, recompute_mla_matrices
-
     planned = Sync(weights) if fault is None else fault.plant(engine, weights, previous or weights, probe or [])
-    loaded = engine.model.load_weights(planned.weights.items())
-    engine.model.check_complete(loaded)
-    if planned.recompute_mla:
-        recompute_mla_matrices(mla_impls(engine.runner.forward_context), engine.dtype)
+    engine.model.check_complete(engine.load_weights(planned.weights.items(), recompute_mla=planned.recompute_mla))
 
 
 # --- planting a fault into the rehearsal's engine -----------------------------------------------------------------

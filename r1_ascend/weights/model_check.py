@@ -277,9 +277,10 @@ def main(argv: list[str] | None = None) -> int:
     overrides: dict[str, Any] = {}
     if args.cpu:
         from r1_ascend.rehearse import mcore_cpu
+        from r1_ascend.rehearse.config import CPU_TRANSFORMER_OVERRIDES
 
         mcore_cpu.install()
-        overrides.update(mcore_cpu.CPU_TRANSFORMER_OVERRIDES)
+        overrides.update(CPU_TRANSFORMER_OVERRIDES)
     init_single_rank("gloo" if args.cpu else "hccl")
     try:
         result = compare(args.hf_dir, args.dist_ckpt, args.dtype, args.rows, args.length, args.seed, overrides, layers)

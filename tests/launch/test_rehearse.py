@@ -216,7 +216,7 @@ def test_progress_lines_to_a_closed_stdout_do_not_stop_what_follows(tmp_path: Pa
     marker = tmp_path / "cleanup-ran"
     code = (
         "import pathlib, time\n"
-        "from r1_ascend.rehearse.run import log_progress\n"
+        "from r1_ascend.rehearse.progress import log_progress\n"
         "time.sleep(1.0)\n"  # the reader has closed its end by now
         "for _ in range(3):\n"
         "    log_progress('stopping the drivers and the Ray nodes (recorded pids)')\n"

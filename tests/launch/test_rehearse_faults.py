@@ -36,7 +36,7 @@ from r1_ascend.rehearse.faults import (
 from r1_ascend.rehearse.leftovers import run_processes
 from r1_ascend.rehearse.lifecycle import read_lifecycle
 from r1_ascend.rehearse.process_faults import with_descendants
-from r1_ascend.rehearse.run import RehearsalError
+from r1_ascend.rehearse.progress import RehearsalError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "patches"))
 import checkpoint_fakes as fakes

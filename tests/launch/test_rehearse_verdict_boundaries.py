@@ -1,4 +1,4 @@
-"""The rehearsal's verdicts (r1_ascend.rehearse.run check_*, r1_ascend.rehearse.lifecycle) at the edges of their
+"""The rehearsal's verdicts (r1_ascend.rehearse.verdicts check_*, r1_ascend.rehearse.lifecycle) at the edges of their
 rules, on small synthetic logs and lifecycle records: a run 1 with a gap in its steps, a kill with nothing saved
 before it, a run 1 that reached the killed step, a cluster with the right nodes but the wrong NPU count.
 
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from r1_ascend.rehearse import lifecycle, run
+from r1_ascend.rehearse import lifecycle, verdicts
 from r1_ascend.rehearse.config import Plan
 from r1_ascend.rehearse.lifecycle import CYCLE, LifecycleError
-from r1_ascend.rehearse.run import RehearsalError
+from r1_ascend.rehearse.progress import RehearsalError
 
 pytestmark = pytest.mark.machine
 
@@ -36,7 +36,7 @@ def log(*steps: int, resumed_from: int | None = None) -> str:
 
 
 def test_run_1_from_step_1_up_to_the_kill_passes() -> None:
-    steps, resumed = run.check_resume([log(1, 2, 3, 4), log(5, 6, resumed_from=4)], LOGS, PLAN, killed_step=5)
+    steps, resumed = verdicts.check_resume([log(1, 2, 3, 4), log(5, 6, resumed_from=4)], LOGS, PLAN, killed_step=5)
     assert steps == [[1, 2, 3, 4], [5, 6]]
     assert resumed == 4
 
@@ -45,22 +45,22 @@ def test_run_1_from_step_1_up_to_the_kill_passes() -> None:
 def test_run_1_must_log_every_step_from_1(logged: tuple[int, ...]) -> None:
     """A gap means verl skipped or lost a step; a late first step means run 1 did not start fresh."""
     with pytest.raises(RehearsalError, match=rf"run 1 logged steps \[{', '.join(map(str, logged))}\], expected 1, 2"):
-        run.check_resume([log(*logged), log(5, 6, resumed_from=4)], LOGS, PLAN, killed_step=5)
+        verdicts.check_resume([log(*logged), log(5, 6, resumed_from=4)], LOGS, PLAN, killed_step=5)
 
 
 def test_run_1_must_not_finish_the_killed_step() -> None:
     with pytest.raises(RehearsalError, match="run 1 finished step 5, it was meant to be killed in it"):
-        run.check_resume([log(1, 2, 3, 4, 5), log(5, 6, resumed_from=4)], LOGS, PLAN, killed_step=5)
+        verdicts.check_resume([log(1, 2, 3, 4, 5), log(5, 6, resumed_from=4)], LOGS, PLAN, killed_step=5)
 
 
 def test_run_2_resumes_from_the_last_complete_checkpoint_when_told() -> None:
     """``expected_from``: a fault run whose newest checkpoint was broken resumes from an older one."""
-    _, resumed = run.check_resume(
+    _, resumed = verdicts.check_resume(
         [log(1, 2, 3, 4), log(3, 4, 5, 6, resumed_from=2)], LOGS, PLAN, killed_step=5, expected_from=2
     )
     assert resumed == 2
     with pytest.raises(RehearsalError, match="resumed from global_step_2, expected global_step_4"):
-        run.check_resume([log(1, 2, 3, 4), log(3, 4, 5, 6, resumed_from=2)], LOGS, PLAN, killed_step=5)
+        verdicts.check_resume([log(1, 2, 3, 4), log(3, 4, 5, 6, resumed_from=2)], LOGS, PLAN, killed_step=5)
 
 
 # --- the relaunch ----------------------------------------------------------------------------------------------
@@ -68,24 +68,24 @@ def test_run_2_resumes_from_the_last_complete_checkpoint_when_told() -> None:
 
 def test_a_relaunch_with_nothing_saved_starts_at_step_1() -> None:
     """expected 0: no checkpoint was saved before the kill, so the relaunch loads none and runs every step."""
-    assert run.check_resumed(log(1, 2, 3, 4, 5, 6), LOGS[1], PLAN, 0, "nothing saved") == [1, 2, 3, 4, 5, 6]
+    assert verdicts.check_resumed(log(1, 2, 3, 4, 5, 6), LOGS[1], PLAN, 0, "nothing saved") == [1, 2, 3, 4, 5, 6]
 
 
 def test_a_relaunch_with_nothing_saved_must_not_load_a_checkpoint() -> None:
     with pytest.raises(RehearsalError, match="resumed from global_step_2, but no checkpoint was saved before"):
-        run.check_resumed(log(3, 4, 5, 6, resumed_from=2), LOGS[1], PLAN, 0, "nothing saved")
+        verdicts.check_resumed(log(3, 4, 5, 6, resumed_from=2), LOGS[1], PLAN, 0, "nothing saved")
 
 
 def test_the_last_load_line_is_the_one_that_counts() -> None:
     """verl prints a load line per role; the checkpoint is the one named last."""
     text = log(resumed_from=2) + log(5, 6, resumed_from=4)
-    assert run.check_resumed(text, LOGS[1], PLAN, 4, "why") == [5, 6]
+    assert verdicts.check_resumed(text, LOGS[1], PLAN, 4, "why") == [5, 6]
 
 
 @pytest.mark.parametrize("logged", [(5,), (5, 6, 7), (6,), (4, 5, 6)])
 def test_the_relaunch_runs_exactly_the_remaining_steps(logged: tuple[int, ...]) -> None:
     with pytest.raises(RehearsalError, match=r"expected \[5, 6\]"):
-        run.check_resumed(log(*logged, resumed_from=4), LOGS[1], PLAN, 4, "why")
+        verdicts.check_resumed(log(*logged, resumed_from=4), LOGS[1], PLAN, 4, "why")
 
 
 # --- the cluster -----------------------------------------------------------------------------------------------
@@ -98,7 +98,7 @@ def ready(nodes: str, total: str) -> str:
 def test_every_node_with_its_npus_joins() -> None:
     plan = Plan(nodes=2, npus_per_node=2)
     line = ready("127.0.0.3 (2 NPU), 127.0.0.2 (2 NPU)", "4.0")
-    assert run.check_joined(line, plan, LOGS[0]) == ("127.0.0.3 (2 NPU), 127.0.0.2 (2 NPU)", 4.0)
+    assert verdicts.check_joined(line, plan, LOGS[0]) == ("127.0.0.3 (2 NPU), 127.0.0.2 (2 NPU)", 4.0)
 
 
 @pytest.mark.parametrize(
@@ -112,7 +112,7 @@ def test_every_node_with_its_npus_joins() -> None:
 )
 def test_a_cluster_that_differs_from_the_plan_fails(nodes: str, total: str) -> None:
     with pytest.raises(RehearsalError, match="the cluster that joined is"):
-        run.check_joined(ready(nodes, total), Plan(nodes=2, npus_per_node=2), LOGS[0])
+        verdicts.check_joined(ready(nodes, total), Plan(nodes=2, npus_per_node=2), LOGS[0])
 
 
 # --- checkpoint loads when nothing was saved before the kill ---------------------------------------------------

@@ -1,7 +1,7 @@
 """The rehearsal's own verdicts on recorded runs: a healthy run passes, every broken run fails with its reason.
 
 The healthy run is ``data/rehearsal/`` (README there): excerpts of a real rehearsal's ``run1.log``/``run2.log`` and
-its lifecycle records. Each broken run is that record with one fault planted. ``run.judge`` is what ``rehearse``
+its lifecycle records. Each broken run is that record with one fault planted. ``verdicts.judge`` is what ``rehearse``
 calls once both runs are over, so each case goes through every verdict, and must fail with its own message.
 
 The mutation tests weaken one check at a time (a source edit of the verdict function, exec'd and monkeypatched in)
@@ -25,10 +25,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from r1_ascend.rehearse import lifecycle, run
+from r1_ascend.rehearse import lifecycle, verdicts
 from r1_ascend.rehearse.config import Plan
 from r1_ascend.rehearse.lifecycle import CYCLE, LifecycleError
-from r1_ascend.rehearse.run import RehearsalError
+from r1_ascend.rehearse.progress import RehearsalError
 
 DATA = Path(__file__).parent / "data" / "rehearsal"
 #: the recorded run's plan: 2 nodes x 1 NPU, 4 steps of 4 prompts x 2 samples, checkpoint and validation every 2
@@ -86,7 +86,7 @@ class Recorded:
 
     def judge(self, out: Path) -> dict[str, object]:
         logs = self.write(out)
-        return run.judge(out, logs, self.plan, self.killed_step, set(self.killed_pids))
+        return verdicts.judge(out, logs, self.plan, self.killed_step, set(self.killed_pids))
 
     # --- edits that plant a fault ---
 
@@ -418,7 +418,7 @@ def _mutant(monkeypatch: pytest.MonkeyPatch, module: ModuleType, name: str, old:
     # compiled as the module was: with postponed annotations (``annotations`` is the __future__ feature bound above)
     code = compile(source.replace(old, new), f"<mutant of {name}>", "exec", flags=annotations.compiler_flag)
     exec(code, namespace)
-    for owner in (lifecycle, run):
+    for owner in (lifecycle, verdicts):
         if getattr(owner, name, None) is original:
             monkeypatch.setattr(owner, name, namespace[name])
 
@@ -439,7 +439,7 @@ class Mutant:
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "resume check accepts a run that never resumed",
-        run,
+        verdicts,
         "check_resumed",
         "resumed = RESUME_LINE.findall(text)",
         "resumed = RESUME_LINE.findall(text) or [str(expected)]",
@@ -447,7 +447,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "resume step not compared with the kill",
-        run,
+        verdicts,
         "check_resumed",
         "if resumed_from != expected:",
         "if False:",
@@ -455,7 +455,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "resumed run's steps not compared",
-        run,
+        verdicts,
         "check_resumed",
         "if steps != expected_after:",
         "if False:",
@@ -463,7 +463,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "run 1 may finish the killed step",
-        run,
+        verdicts,
         "check_resume",
         "if max(steps[0], default=0) >= killed_step:",
         "if False:",
@@ -471,7 +471,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "run 1 need not start fresh",
-        run,
+        verdicts,
         "check_resume",
         "if not steps[0] or steps[0] != list(range(1, steps[0][-1] + 1)):",
         "if False:",
@@ -479,7 +479,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "any ready line counts as joined",
-        run,
+        verdicts,
         "check_joined",
         'if set(joined.split(", ")) != set(expected.split(", ")) or total != plan.world:',
         "if False:",
@@ -487,7 +487,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "checkpoint layout checks rank 0 only",
-        run,
+        verdicts,
         "check_checkpoint",
         "for rank in range(world):",
         "for rank in range(1):",
@@ -495,18 +495,23 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "checkpoint layout not checked",
-        run,
+        verdicts,
         "check_checkpoint",
         "if not needed.is_file():",
         "if False:",
         ("resumed from a partial checkpoint (no data.pt)",),
     ),
     Mutant(
-        "TensorBoard not checked", run, "check_tensorboard", "if not events:", "if False:", ("no TensorBoard events",)
+        "TensorBoard not checked",
+        verdicts,
+        "check_tensorboard",
+        "if not events:",
+        "if False:",
+        ("no TensorBoard events",),
     ),
     Mutant(
         "validation not checked",
-        run,
+        verdicts,
         "check_validation",
         'if "val-core/" not in "".join(texts):',
         "if False:",
@@ -609,7 +614,7 @@ MUTANTS: tuple[Mutant, ...] = (
 MUTANTS += (
     Mutant(
         "killed pids taken from the finished records (every worker treated as killed)",
-        run,
+        verdicts,
         "judge",
         "check_lifecycle(events, killed_pids, workers_per_run=plan.world)",
         'check_lifecycle(events, {int(e["pid"]) for e in events}, workers_per_run=plan.world)',

@@ -10,7 +10,7 @@ import pytest
 import torch
 from vllm import SamplingParams
 
-from r1_ascend.patches.impl.rollout_memory import mla_impls, recompute_mla_matrices
+from r1_ascend.patches.impl.rollout_memory import mla_impls
 from r1_ascend.rehearse import rollout_faults
 from r1_ascend.rehearse.cpu_engine import CPUStandInLLM
 from r1_ascend.rehearse.inputs import write_model
@@ -38,8 +38,7 @@ def _weights(llm: CPUStandInLLM, seed: int) -> dict[str, torch.Tensor]:
 
 def _sync(llm: CPUStandInLLM, weights: dict[str, torch.Tensor]) -> None:
     """What the overlay's update_weights does: load, then re-derive the MLA matrices."""
-    llm.model.load_weights(iter(weights.items()))
-    recompute_mla_matrices(mla_impls(llm.runner.forward_context), llm.dtype)
+    llm.load_weights(iter(weights.items()))
 
 
 def _logits(llm: CPUStandInLLM) -> torch.Tensor:

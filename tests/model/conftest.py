@@ -24,7 +24,7 @@ def _run_check(weights: Path, *extra: str, env: dict[str, str] | None = None) ->
     out = Path(tempfile.mkdtemp()) / "gap.json"
     cmd = [sys.executable, "-m", "r1_ascend.weights.model_check", "--cpu", "--hf-dir", str(weights / "hf-bf16")]
     cmd += ["--json", str(out)]
-    from r1_ascend.rehearse.run import SITE  # torch_npu / MindSpeed stand-ins, as in the rehearsal's processes
+    from r1_ascend.rehearse.cluster import SITE  # torch_npu / MindSpeed stand-ins, as in the rehearsal's processes
 
     python_path = os.pathsep.join(filter(None, [str(SITE), os.environ.get("PYTHONPATH", "")]))
     full_env = {**os.environ, "PYTHONPATH": python_path, **(env or {})}

@@ -22,13 +22,14 @@ def main(weights: Path, layers: int, out: Path) -> None:
 
     from r1_ascend.patches.prelude import apply_once
     from r1_ascend.rehearse import mcore_cpu
+    from r1_ascend.rehearse.config import CPU_TRANSFORMER_OVERRIDES
     from r1_ascend.weights import model_check
 
     apply_once()
     mcore_cpu.install()
     model_check.init_single_rank("gloo")
     hf_dir, mcore = weights / "hf-bf16", weights / "mcore"
-    overrides = dict(mcore_cpu.CPU_TRANSFORMER_OVERRIDES)
+    overrides = dict(CPU_TRANSFORMER_OVERRIDES)
     actor, reference, config = model_check.build_models(hf_dir, mcore, torch.float32, overrides, layers)
     full_actor, full_reference, full_config = model_check.build_models(hf_dir, mcore, torch.float32, overrides)
     batch = model_check.token_batch(int(config.vocab_size), 4, 48, 0)

@@ -34,6 +34,7 @@ def main(weights: Path, checkpoint: Path, mode: str, out: Path) -> None:
 
     from r1_ascend.patches.prelude import apply_once
     from r1_ascend.rehearse import mcore_cpu
+    from r1_ascend.rehearse.config import CPU_TRANSFORMER_OVERRIDES
     from r1_ascend.testing.verl_config import compose_trainer
     from r1_ascend.weights import model_check
 
@@ -47,7 +48,7 @@ def main(weights: Path, checkpoint: Path, mode: str, out: Path) -> None:
     tensor_parallel.model_parallel_cuda_manual_seed(1)
     hf_dir = weights / "hf-bf16"
     hf_config = AutoConfig.from_pretrained(str(hf_dir))
-    actor, tf_config = model_check.build_actor(hf_config, torch.float32, dict(mcore_cpu.CPU_TRANSFORMER_OVERRIDES))
+    actor, tf_config = model_check.build_actor(hf_config, torch.float32, dict(CPU_TRANSFORMER_OVERRIDES))
     load_mcore_dist_weights(actor, str(weights / "mcore"), is_value_model=False)
     config = compose_trainer(
         f"actor_rollout_ref.actor.optim.lr={LR}",

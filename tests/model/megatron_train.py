@@ -21,13 +21,14 @@ def main(weights: Path, lr: float, steps: int, out: Path) -> None:
 
     from r1_ascend.patches.prelude import apply_once
     from r1_ascend.rehearse import mcore_cpu
+    from r1_ascend.rehearse.config import CPU_TRANSFORMER_OVERRIDES
     from r1_ascend.weights import model_check
 
     apply_once()
     mcore_cpu.install()
     model_check.init_single_rank("gloo")
     hf_config = AutoConfig.from_pretrained(str(weights / "hf-bf16"))
-    actor, _ = model_check.build_actor(hf_config, torch.float32, dict(mcore_cpu.CPU_TRANSFORMER_OVERRIDES))
+    actor, _ = model_check.build_actor(hf_config, torch.float32, dict(CPU_TRANSFORMER_OVERRIDES))
     load_mcore_dist_weights(actor, str(weights / "mcore"), is_value_model=False)
     optim = OmegaConf.create(
         {"lr": lr, "min_lr": 0.0, "clip_grad": 1.0, "weight_decay": 0.0, "optimizer": "adam", "lr_warmup_init": 0.0}

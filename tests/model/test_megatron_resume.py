@@ -18,7 +18,7 @@ SCRIPT = Path(__file__).with_name("megatron_resume.py")
 
 
 def run(weights: Path, checkpoint: Path, mode: str, out: Path) -> dict:
-    from r1_ascend.rehearse.run import SITE
+    from r1_ascend.rehearse.cluster import SITE
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SITE), os.environ.get("PYTHONPATH", "")]))}
     cmd = [sys.executable, str(SCRIPT), str(weights), str(checkpoint), mode, str(out)]

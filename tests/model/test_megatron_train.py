@@ -17,7 +17,7 @@ SCRIPT = Path(__file__).with_name("megatron_train.py")
 
 
 def train(weights: Path, lr: float, steps: int, tmp_path: Path) -> dict:
-    from r1_ascend.rehearse.run import SITE
+    from r1_ascend.rehearse.cluster import SITE
 
     out = tmp_path / f"train-{lr}.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SITE), os.environ.get("PYTHONPATH", "")]))}

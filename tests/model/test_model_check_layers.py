@@ -143,7 +143,7 @@ def test_only_the_first_layers_are_read(converted: Path, run_check: Callable, tm
 def test_truncated_models_equal_full_models_cut_by_hand(converted: Path, tmp_path: Path) -> None:
     import os
 
-    from r1_ascend.rehearse.run import SITE
+    from r1_ascend.rehearse.cluster import SITE
 
     out = tmp_path / "reference.json"
     script = Path(__file__).with_name("layer_reference.py")
