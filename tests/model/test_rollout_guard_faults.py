@@ -35,6 +35,12 @@ NOT_SEPARABLE = {
         for name in ("expert-swap", "expert-transposed", "expert-negated")
     },
 }
+#: Faults above the warn levels but below the stop levels: 2.3-3.7x the largest healthy step of eight rehearsals,
+#: which a converged policy's late steps reach (docs/rollout_guard.md). The rehearsal fails on the warning.
+WARNED_ONLY = {
+    name: "between twice and four times the healthy maximum (docs/rollout_guard.md)"
+    for name in ("stale-bias", "kv-b-proj-halves", "routing-ungrouped", "mla-not-recomputed")
+}
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +86,7 @@ def test_healthy_steps_never_warn(measured: list[dict]) -> None:
             assert stats[name] <= levels.warn[name], (record["step"], name, stats[name])
 
 
-@pytest.mark.parametrize("fault", sorted(set(rollout_faults.FAULTS) - set(NOT_SEPARABLE)))
+@pytest.mark.parametrize("fault", sorted(set(rollout_faults.FAULTS) - set(NOT_SEPARABLE) - set(WARNED_ONLY)))
 def test_planted_fault_is_stopped_at_its_step(measured: list[dict], fault: str) -> None:
     (record,) = [r for r in measured if r["kind"] == "fault" and r["fault"] == fault]
     assert record["step"] == FAULT_STEP
@@ -97,6 +103,18 @@ def test_not_separable_faults_are_written_down(measured: list[dict], fault: str)
     assert f"`{fault}`" in docs
     (record,) = [r for r in measured if r["kind"] == "fault" and r["fault"] == fault]
     assert not guard.Verdict.judge(_stats(record), _levels()).stopped
+
+
+@pytest.mark.parametrize("fault", sorted(WARNED_ONLY))
+def test_weak_faults_are_warned_at_their_step(measured: list[dict], fault: str) -> None:
+    """Each is above a warn level (the rehearsal fails on it) and below every stop level (if a change made it
+    stoppable, it belongs with the stopped faults)."""
+    docs = (REPO / "docs" / "rollout_guard.md").read_text(encoding="utf-8")
+    assert f"`{fault}`" in docs
+    (record,) = [r for r in measured if r["kind"] == "fault" and r["fault"] == fault]
+    verdict = guard.Verdict.judge(_stats(record), _levels())
+    assert verdict.warned
+    assert not verdict.stopped
 
 
 def test_every_fault_is_documented() -> None:
