@@ -28,14 +28,17 @@ if [[ ! -x "${venv}/bin/python" ]]; then
     echo "setup: creating ${venv} with ${python_bin}"
     "${python_bin}" -m venv "${venv}"
 fi
+# --no-compile: pip would byte-compile all ~20k modules of the wheels (torch, vLLM, transformers, ...) one by one;
+# Python compiles the few thousand a run imports on first import instead, and caches them the same way
 pip=("${venv}/bin/python" -m pip --disable-pip-version-check)
+install=(install -q --no-compile)
 
 echo "setup: [1/3] CPU torch and the import-time dependencies of the patched upstream modules"
-"${pip[@]}" install -q -c requirements/cpu-constraints.txt -r requirements/cpu-deps.txt
+"${pip[@]}" "${install[@]}" -c requirements/cpu-constraints.txt -r requirements/cpu-deps.txt
 echo "setup: [2/3] upstream at the pinned versions (--no-deps: their declared deps are CUDA/NPU builds)"
-"${pip[@]}" install -q --no-deps -r requirements/cpu-upstream.txt
+"${pip[@]}" "${install[@]}" --no-deps -r requirements/cpu-upstream.txt
 echo "setup: [3/3] r1-ascend (editable)"
-"${pip[@]}" install -q --no-deps --no-build-isolation -e .
+"${pip[@]}" "${install[@]}" --no-deps --no-build-isolation -e .
 
 echo "${wanted}" > "${stamp}"
 echo "setup: done in $(( $(date +%s) - start )) s; activate with: source ${venv}/bin/activate"
