@@ -32,9 +32,7 @@ from r1_ascend.rehearse.lifecycle import read_lifecycle
 from r1_ascend.rehearse.progress import RehearsalError, log_progress, read_log
 
 REPO = Path(__file__).resolve().parents[2]
-
 SCRIPT = REPO / "scripts" / "ray_start_npu.sh"
-
 SITE = Path(__file__).resolve().parent / "site"
 
 

@@ -18,9 +18,7 @@ from r1_ascend.rehearse.lifecycle import (
 from r1_ascend.rehearse.progress import RehearsalError, read_log
 
 STEP_LINE = re.compile(r"\bstep:(\d+) - ")
-
 RESUME_LINE = re.compile(r"Load from checkpoint folder: \S*global_step_(\d+)")
-
 READY_LINE = re.compile(r"ray cluster ready: (.*); NPU total (\S+)")
 
 
