@@ -77,10 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _reexec_with_site()
 
+    from r1_ascend.cpu import mcore as mcore_cpu
     from r1_ascend.patches.prelude import apply_once
     from r1_ascend.patches.rules import rollout_guard as guard
     from r1_ascend.rehearse import guard_calibration as gc
-    from r1_ascend.rehearse import mcore_cpu, rollout_faults
+    from r1_ascend.rehearse import rollout_faults
     from r1_ascend.rehearse.inputs import converted_weights, make_weights
 
     apply_once()

@@ -6,9 +6,11 @@ Layers, lowest first; a module may import its own layer and the layers below it,
    ``r1_ascend.parallel``, ``r1_ascend.ports``: the standard library and third-party packages only;
 2. patches: ``r1_ascend.patches`` and everything in it;
 3. ``r1_ascend.data`` and ``r1_ascend.recipe`` (the recipe may import data, data not the recipe);
-4. tools: ``r1_ascend.launch``, ``weights``, ``report``, ``rehearse``, ``doctor``, ``cli``, ``mindspeed_source``,
+4. platform: ``r1_ascend.cpu``, the CPU platform the rehearsal and ``check-model --cpu`` run on (it never imports a
+   tool, so the rehearsal attaches to it, not it to the rehearsal);
+5. tools: ``r1_ascend.launch``, ``weights``, ``report``, ``rehearse``, ``doctor``, ``cli``, ``mindspeed_source``,
    and the benchmark scripts;
-5. ``r1_ascend.testing``: test support. Only tests, ``conftest.py``, the rehearsal's CPU site
+6. ``r1_ascend.testing``: test support. Only tests, ``conftest.py``, the rehearsal's CPU site
    (``r1_ascend/rehearse/site/``, a CPU stand-in by design) and ``r1_ascend.testing`` itself import it.
 
 Across layers, only the public modules of ``r1_ascend.patches`` may be imported: a module whose dotted name has a
@@ -40,16 +42,18 @@ PACKAGE_DIRS = {
     "data": "r1_ascend.data",
 }
 
-BASE, PATCHES, DATA, RECIPE, TOOLS, TESTING, TESTS = "base", "patches", "data", "recipe", "tools", "testing", "tests"
+BASE, PATCHES, DATA, RECIPE = "base", "patches", "data", "recipe"
+PLATFORM, TOOLS, TESTING, TESTS = "platform", "tools", "testing", "tests"
 #: Which layers each layer may import.
 ALLOWED = {
     BASE: {BASE},
     PATCHES: {BASE, PATCHES},
     DATA: {BASE, PATCHES, DATA},
     RECIPE: {BASE, PATCHES, DATA, RECIPE},
-    TOOLS: {BASE, PATCHES, DATA, RECIPE, TOOLS},
-    TESTING: {BASE, PATCHES, DATA, RECIPE, TOOLS, TESTING},
-    TESTS: {BASE, PATCHES, DATA, RECIPE, TOOLS, TESTING, TESTS},
+    PLATFORM: {BASE, PATCHES, DATA, RECIPE, PLATFORM},
+    TOOLS: {BASE, PATCHES, DATA, RECIPE, PLATFORM, TOOLS},
+    TESTING: {BASE, PATCHES, DATA, RECIPE, PLATFORM, TOOLS, TESTING},
+    TESTS: {BASE, PATCHES, DATA, RECIPE, PLATFORM, TOOLS, TESTING, TESTS},
 }
 BASE_MODULES = ("r1_ascend.envs", "r1_ascend.stack", "r1_ascend.atomic", "r1_ascend.parallel", "r1_ascend.ports")
 TOOL_MODULES = (
@@ -110,6 +114,7 @@ def layer_of_module(name: str, *, where: str) -> str:
         ("r1_ascend.patches", PATCHES),
         ("r1_ascend.data", DATA),
         ("r1_ascend.recipe", RECIPE),
+        ("r1_ascend.cpu", PLATFORM),
         ("r1_ascend.testing", TESTING),
     ):
         if _under(name, prefix):

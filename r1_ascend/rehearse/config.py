@@ -27,7 +27,7 @@ CPU_TRANSFORMER_OVERRIDES: dict[str, bool] = {
 }
 
 CONFIG_NAME = "grpo_deepseekv3_smoke"
-STANDINS_MODULE = "r1_ascend.rehearse.standins"
+STANDINS_MODULE = "r1_ascend.rehearse.worker_hooks"
 
 
 #: The rollout guard's levels on this CPU rehearsal (both engines bf16 on the same CPU kernels, so far tighter than
@@ -138,7 +138,7 @@ def overrides(plan: Plan, inputs: Inputs, out: Path, repo_root: Path) -> list[st
         "~actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_first_pipeline_stage",
         "~actor_rollout_ref.actor.megatron.override_transformer_config.pipeline_num_transformer_layers",
         f"actor_rollout_ref.rollout.tensor_model_parallel_size={world}",
-        # megatron-core on the CPU: build on the host, no CUDA fusions (r1_ascend.rehearse.mcore_cpu); activation
+        # megatron-core on the CPU: build on the host, no CUDA fusions (r1_ascend.cpu.mcore); activation
         # recompute restores CUDA RNG states, so it is off
         # (verl's reference config takes the actor's override_transformer_config)
         *(

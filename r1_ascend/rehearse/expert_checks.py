@@ -1,7 +1,7 @@
 """The rehearsal's verdicts on its MoE: every expert and every expert-parallel rank carried tokens, the expert bias
 moved, and the rollout engine received the bias the actor had.
 
-They read what the stand-in workers recorded (:mod:`r1_ascend.rehearse.standins`): an ``expert_load`` record after
+They read what the stand-in workers recorded (:mod:`r1_ascend.rehearse.worker_hooks`): an ``expert_load`` record after
 each actor update (patch ``verl_moe_expert_load``: the step's tokens per expert of every MoE layer, summed over the
 actor's data-parallel ranks, and this rank's expert biases after the update) and an ``engine_bias`` record after
 each weight sync into the rollout engine. Pure functions of those records, so a fast test feeds them healthy and

@@ -86,9 +86,9 @@ class Loop:
         from transformers import AutoConfig, AutoTokenizer
         from verl.utils.model import load_mcore_dist_weights
 
+        from r1_ascend.cpu.engine import CPUStandInLLM
         from r1_ascend.rehearse import toy_task
         from r1_ascend.rehearse.config import CPU_TRANSFORMER_OVERRIDES
-        from r1_ascend.rehearse.cpu_engine import CPUStandInLLM
         from r1_ascend.weights.model_check import build_actor, init_single_rank
 
         torch.manual_seed(setup.seed)

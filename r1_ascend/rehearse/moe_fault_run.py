@@ -26,12 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from r1_ascend.rehearse import expert_checks
-from r1_ascend.rehearse.budget import RssSampler
-from r1_ascend.rehearse.cluster import new_cluster, prepare, start_cluster, stop_cluster
 from r1_ascend.rehearse.config import FAULT_BATCH, Plan
 from r1_ascend.rehearse.faults import MOE_FAULTS, FaultError
 from r1_ascend.rehearse.lifecycle import read_lifecycle
 from r1_ascend.rehearse.progress import log_progress, read_log
+from r1_ascend.rehearse.session import Session
 
 #: Layer (checkpoint index) and expert the dead-expert fault kills: the smoke model's second MoE layer.
 DEAD_EXPERT = (2, 0)
@@ -95,28 +94,18 @@ def judge_moe_fault(name: str, code: int, text: str, events: Sequence[Mapping[st
     raise FaultError(f"the planted {name} passed every expert verdict: the rehearsal cannot see it; log: {log}")
 
 
-def rehearse_moe_fault(out: Path, name: str, plan: Plan, sampler: RssSampler, weights: Path | None) -> dict:
-    launch = prepare(out, plan, weights)
-    cluster = new_cluster(out, plan, launch, sampler)
-    log = out / "run1.log"
+def drive(session: Session, name: str) -> int:
+    """Let the short run finish (the fault breaks nothing): its exit code."""
     try:
-        head = start_cluster(cluster, log)
-        log_progress(f"run 1: the head runs the recipe entry point (log {log}); MoE fault {name}")
-        try:
-            code = head.wait(RUN_BOUND_S)
-        except subprocess.TimeoutExpired:
-            raise FaultError(
-                f"the {STEPS}-step run with {name} did not end within {RUN_BOUND_S:g} s; log: {log}"
-            ) from None
-    finally:
-        log_progress("stopping the drivers and the Ray nodes (recorded pids)")
-        stop_cluster(cluster)
-    outcome = judge_moe_fault(name, code, read_log(log), read_lifecycle(out / "lifecycle"), log)
+        return session.driver.wait(RUN_BOUND_S)
+    except subprocess.TimeoutExpired:
+        raise FaultError(
+            f"the {STEPS}-step run with {name} did not end within {RUN_BOUND_S:g} s; log: {session.logs[0]}"
+        ) from None
+
+
+def judge(session: Session, code: int, name: str) -> dict[str, object]:
+    log = session.logs[0]
+    outcome = judge_moe_fault(name, code, read_log(log), read_lifecycle(session.out / "lifecycle"), log)
     log_progress(f"{name}: caught by the {outcome['caught_by']}: {str(outcome['message'])[:300]}")
     return {"fault": outcome}
-
-
-def print_moe_fault_summary(summary: dict[str, object]) -> None:
-    from r1_ascend.rehearse.fault_run import print_outcome
-
-    print_outcome("fault", "caught", summary, ("wall_s",))

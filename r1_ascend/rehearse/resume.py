@@ -18,7 +18,7 @@ from pathlib import Path
 from r1_ascend.patches.rules.checkpoints import read_tracker, step_dirs
 from r1_ascend.rehearse import training
 from r1_ascend.rehearse.budget import RssSampler
-from r1_ascend.rehearse.cluster import PLAN_FILE, new_cluster, start_cluster, stop_cluster, write_launch
+from r1_ascend.rehearse.cluster import PLAN_FILE, new_cluster, write_launch
 from r1_ascend.rehearse.config import Plan, with_overrides
 from r1_ascend.rehearse.lifecycle import (
     LifecycleError,
@@ -27,7 +27,8 @@ from r1_ascend.rehearse.lifecycle import (
     check_preludes,
     read_lifecycle,
 )
-from r1_ascend.rehearse.progress import RehearsalError, log_progress, read_log
+from r1_ascend.rehearse.progress import RehearsalError, read_log
+from r1_ascend.rehearse.session import Session
 from r1_ascend.rehearse.verdicts import check_checkpoint, check_joined, check_resumed
 
 _RESUME_FROM = re.compile(r"trainer\.resume_from_path=\S*global_step_(\d+)/?$")
@@ -56,7 +57,9 @@ def expected_step(out: Path, extra: list[str]) -> int:
     return tracked
 
 
-def resume_rehearsal(out: Path, extra: list[str], sampler: RssSampler) -> dict[str, object]:
+def setup(out: Path, extra: list[str], sampler: RssSampler) -> Session:
+    """The session of the next run in ``out``: the stored plan, the launch script with ``extra`` overrides, the next
+    ``run<N>.log``, and what the runner must judge against (the step to resume from, the earlier runs' workers)."""
     if not (out / PLAN_FILE).is_file() or not (out / "launch.sh").is_file():
         raise RehearsalError(f"{out} holds no rehearsal to resume ({PLAN_FILE} and launch.sh are missing)")
     stored = json.loads((out / PLAN_FILE).read_text())
@@ -66,22 +69,24 @@ def resume_rehearsal(out: Path, extra: list[str], sampler: RssSampler) -> dict[s
     index = 1 + max(
         (int(m.group(1)) for p in out.glob("run*.log") if (m := re.fullmatch(r"run(\d+)\.log", p.name))), default=0
     )
-    log = out / f"run{index}.log"
     before = {int(e["pid"]) for e in read_lifecycle(out / "lifecycle")}
     shutil.rmtree(out / "nodes", ignore_errors=True)  # the previous cluster's start logs would read as this one's
     cluster = new_cluster(out, plan, launch, sampler)
+    context = {"expected": expected, "index": index, "before": before}
+    return Session(out, plan, launch, cluster, [out / f"run{index}.log"], context=context)
+
+
+def drive(session: Session) -> int:
+    """Let the relaunched run finish: its exit code."""
     try:
-        head = start_cluster(cluster, log)
-        log_progress(
-            f"run {index}: the head runs the rehearsal's launch script again (log {log}); expected resume: {expected}"
-        )
-        try:
-            code = head.wait(900)
-        except subprocess.TimeoutExpired:
-            raise RehearsalError(f"the resumed run did not finish within 900 s; log: {log}") from None
-    finally:
-        log_progress("stopping the drivers and the Ray nodes (recorded pids)")
-        stop_cluster(cluster)
+        return session.driver.wait(900)
+    except subprocess.TimeoutExpired:
+        raise RehearsalError(f"the resumed run did not finish within 900 s; log: {session.logs[0]}") from None
+
+
+def judge(session: Session, code: int) -> dict[str, object]:
+    out, plan, log = session.out, session.plan, session.logs[0]
+    expected, index, before = (session.context[k] for k in ("expected", "index", "before"))
     if code != 0:
         raise RehearsalError(f"the resumed run failed with exit code {code}; log: {log}")
     text = read_log(log)
@@ -106,12 +111,6 @@ def resume_rehearsal(out: Path, extra: list[str], sampler: RssSampler) -> dict[s
         "lifecycle": lifecycle,
         "checkpoint_loads": loads,
         "preludes": preludes,
-        "ray_temp_dir": cluster.temp_dir,
-        "netns": cluster.netns,
+        "ray_temp_dir": session.cluster.temp_dir,
+        "netns": session.cluster.netns,
     }
-
-
-def print_resume_summary(summary: dict[str, object]) -> None:
-    print("rehearse --resume: ok")
-    for key in ("nodes_joined", "resumed_from_step", "steps_run", "lifecycle", "checkpoint_loads", "wall_s"):
-        print(f"  {key + ':':20} {summary[key]}")

@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 
 from r1_ascend.rehearse import faults, rollout_faults
-from r1_ascend.rehearse.budget import RssSampler
-from r1_ascend.rehearse.cluster import new_cluster, prepare, start_cluster, stop_cluster, wait_for
+from r1_ascend.rehearse.cluster import wait_for
 from r1_ascend.rehearse.config import Plan
 from r1_ascend.rehearse.progress import RehearsalError, log_progress, read_log
+from r1_ascend.rehearse.session import Session
 
 #: The weight sync (= training step, before the first validation) the fault is planted in.
 FAULT_STEP = 2
@@ -44,24 +44,20 @@ def plan_for(name: str, base: Plan) -> Plan:
     )
 
 
-def rehearse_rollout_fault(
-    out: Path, name: str, plan: Plan, sampler: RssSampler, weights: Path | None
-) -> dict[str, object]:
-    launch = prepare(out, plan, weights)
-    cluster = new_cluster(out, plan, launch, sampler)
-    log = out / "run1.log"
-    try:
-        head = start_cluster(cluster, log)
-        log_progress(f"run 1: the head runs the recipe entry point (log {log}); rollout fault {plan.rollout_fault}")
-        wait_for(lambda: PLANTED.search(read_log(log)), f"the engine to plant {name}", 900, head, log)
-        planted_at = time.monotonic()
-        log_progress(f"planted {name} in weight sync {FAULT_STEP}; waiting for the guard")
-        stop_s = faults.time_to_stop(head, lambda: faults.worker_pids(out), planted_at, log, STOP_BOUND_S)
-        code = head.returncode
-    finally:
-        log_progress("stopping the drivers and the Ray nodes (recorded pids)")
-        stop_cluster(cluster)
-    return {"rollout_fault": judge_stop(read_log(log), log, out, name, code, stop_s)}
+def drive(session: Session, name: str) -> tuple[int, float]:
+    """Wait for the engine to plant ``name``, then for every process of the run to be gone: (exit code, seconds)."""
+    head, log = session.driver, session.logs[0]
+    wait_for(lambda: PLANTED.search(read_log(log)), f"the engine to plant {name}", 900, head, log)
+    planted_at = time.monotonic()
+    log_progress(f"planted {name} in weight sync {FAULT_STEP}; waiting for the guard")
+    stop_s = faults.time_to_stop(head, lambda: faults.worker_pids(session.out), planted_at, log, STOP_BOUND_S)
+    return head.returncode, stop_s
+
+
+def judge(session: Session, stopped: tuple[int, float], name: str) -> dict[str, object]:
+    code, stop_s = stopped
+    log = session.logs[0]
+    return {"rollout_fault": judge_stop(read_log(log), log, session.out, name, code, stop_s)}
 
 
 def judge_stop(text: str, log: Path, out: Path, name: str, code: int, stop_s: float) -> dict[str, object]:
@@ -92,9 +88,3 @@ def judge_stop(text: str, log: Path, out: Path, name: str, code: int, stop_s: fl
         "checkpoints_left": checkpoints,
         "exit_code": code,
     }
-
-
-def print_rollout_fault_summary(summary: dict[str, object]) -> None:
-    from r1_ascend.rehearse.fault_run import print_outcome
-
-    print_outcome("rollout_fault", "stopped by the rollout guard", summary, ("wall_s",))

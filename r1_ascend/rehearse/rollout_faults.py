@@ -309,3 +309,9 @@ def plant_from_env(llm: Any) -> Planter | None:
         return None
     fault, at_sync = parse_spec(spec)
     return Planter(llm, fault, at_sync)
+
+
+def attach_from_env(llm: Any) -> None:
+    """An entry of ``r1_ascend.cpu.engine.ENGINE_HOOKS``: the engine's ``fault`` is the planter of
+    :func:`plant_from_env`."""
+    llm.fault = plant_from_env(llm)

@@ -12,90 +12,40 @@
    checkpoint each worker loaded, the overlay prelude's summary line of every worker; then ``r1-ascend report`` on
    both logs.
 
-This module holds the command (arguments, the dispatch to a fault scenario, the summary file) and the plain run;
-the cluster is :mod:`r1_ascend.rehearse.cluster`, the checks :mod:`r1_ascend.rehearse.verdicts`. Every process it
-starts is recorded and stopped by pid (Ctrl-C included): drivers directly, the Ray nodes through
-``ray_start_npu.sh stop`` (the pids that script recorded). Wall time and the summed peak RSS of all its processes
-are measured (r1_ascend.rehearse.budget) and printed.
+This module holds the command: its arguments, the scenario they name and the summary file. The runner and the
+scenarios are :mod:`r1_ascend.rehearse.scenarios`, the cluster :mod:`r1_ascend.rehearse.cluster`, the checks
+:mod:`r1_ascend.rehearse.verdicts`. Every process a scenario starts is recorded and stopped by pid (Ctrl-C
+included): drivers directly, the Ray nodes through ``ray_start_npu.sh stop`` (the pids that script recorded). Wall
+time and the summed peak RSS of all its processes are measured (r1_ascend.rehearse.budget) and printed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from r1_ascend.rehearse import expert_checks, training
 from r1_ascend.rehearse.budget import RssSampler
-from r1_ascend.rehearse.cluster import kill_mid_step, new_cluster, prepare, relaunch, start_cluster, stop_cluster
 from r1_ascend.rehearse.config import Plan
-from r1_ascend.rehearse.export import ExportError, export
-from r1_ascend.rehearse.faults import FAULTS, MOE_FAULTS, PROCESS_FAULTS, FaultError, plan_for
+from r1_ascend.rehearse.export import ExportError
+from r1_ascend.rehearse.faults import FAULTS, MOE_FAULTS, PROCESS_FAULTS, FaultError
 from r1_ascend.rehearse.lifecycle import LifecycleError
-from r1_ascend.rehearse.progress import RehearsalError, log_progress, read_log
+from r1_ascend.rehearse.progress import RehearsalError
 from r1_ascend.rehearse.rollout_faults import FAULTS as ROLLOUT_FAULTS
-from r1_ascend.rehearse.summary import print_summary
-from r1_ascend.rehearse.verdicts import judge, judge_training
+from r1_ascend.rehearse.scenarios import PLAIN, Scenario, run_scenario, scenario_for
 
 DEFAULT_OUT = Path("outputs/rehearse")
 
-#: A Ray log-forwarding prefix naming a node IP, e.g. "(WorkerDict pid=12, ip=127.0.0.3)", colour codes optional.
-FORWARDED_WITH_IP = re.compile(r"^(?:\x1b\[\d+m)?\([^()]*\bpid=\d+, ip=[^()]*\)")
 
-
-def single_copy(log: Path) -> Path:
-    """The driver log with each forwarded worker line once.
-
-    The simulated nodes share one host and therefore one Ray session directory, so the log monitor of every node
-    forwards every worker line: once plain and once tagged with a node IP. On a real cluster each line arrives once.
-    """
-    kept = [line for line in read_log(log).splitlines(keepends=True) if not FORWARDED_WITH_IP.match(line)]
-    target = log.with_suffix(".console.log")
-    target.write_text("".join(kept))
-    return target
-
-
-def run_report(out: Path, logs: list[Path]) -> Path:
-    report_dir = out / "report"
-    logs = [single_copy(log) for log in logs]
-    cmd = [sys.executable, "-m", "r1_ascend.cli", "report", *map(str, logs), str(out / "tensorboard")]
-    done = subprocess.run(
-        [*cmd, "--out", str(report_dir), "--name", "rehearsal"], capture_output=True, text=True, check=False
-    )
-    (out / "report.log").write_text(done.stdout + done.stderr)
-    if done.returncode != 0 or not (report_dir / "report.md").is_file():
-        raise RehearsalError(f"r1-ascend report failed ({done.returncode}); log: {out / 'report.log'}")
-    return report_dir / "report.md"
-
-
-def rehearse(out: Path, plan: Plan, sampler: RssSampler, weights: Path | None = None) -> dict[str, object]:
-    launch = prepare(out, plan, weights)
-    cluster = new_cluster(out, plan, launch, sampler)
-    temp_dir, netns = cluster.temp_dir, cluster.netns
-    logs = [out / "run1.log", out / "run2.log"]
-    try:
-        head = start_cluster(cluster, logs[0])
-        log_progress(f"run 1: the head runs the recipe entry point (log {logs[0]})")
-        killed_step, killed_pids = kill_mid_step(head, out, plan, logs[0])
-        log_progress(f"run 2: relaunching on the same cluster (log {logs[1]})")
-        relaunch(cluster, launch, logs[1], timeout=900)
-    finally:
-        log_progress("stopping the drivers and the Ray nodes (recorded pids)")
-        stop_cluster(cluster)
-    summary = judge(out, logs, plan, killed_step, killed_pids)
-    summary.update(judge_training(out, logs, plan))
-    summary["ray_temp_dir"] = temp_dir
-    summary["netns"] = netns
-    summary["report"] = str(run_report(out, logs))
-    final = out / "checkpoints" / f"global_step_{plan.total_steps}"
-    log_progress(f"export: convert-weights to-hf {final}, then a strict transformers load and a greedy answer")
-    summary["export"] = export(final, out / "exported-hf", out / "export.log")
-    return summary
+def rehearse(
+    out: Path, plan: Plan, sampler: RssSampler, weights: Path | None = None, scenario: Scenario = PLAIN
+) -> dict[str, object]:
+    """Run ``scenario`` (default: the plain rehearsal) from the base ``plan``: its summary."""
+    return run_scenario(scenario, out, plan, sampler, weights)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
         guard_levels=args.guard_levels,
         overrides=tuple(args.overrides) if args.fault else (),
     )
+    scenario = scenario_for(
+        fault=args.fault, rollout_fault=args.rollout_fault, resume_with=args.overrides if args.resume else None
+    )
     out = args.output_dir.resolve()
     weights = args.weights.resolve() if args.weights else None
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
@@ -199,33 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
     with RssSampler() as sampler:
         try:
-            if args.resume:
-                from r1_ascend.rehearse.resume import print_resume_summary as show
-                from r1_ascend.rehearse.resume import resume_rehearsal
-
-                summary = resume_rehearsal(out, args.overrides, sampler)
-            elif args.rollout_fault:
-                from r1_ascend.rehearse.rollout_fault_run import plan_for as rollout_plan
-                from r1_ascend.rehearse.rollout_fault_run import print_rollout_fault_summary as show
-                from r1_ascend.rehearse.rollout_fault_run import rehearse_rollout_fault
-
-                plan = rollout_plan(args.rollout_fault, plan)
-                summary = rehearse_rollout_fault(out, args.rollout_fault, plan, sampler, weights)
-            elif args.fault in MOE_FAULTS:
-                from r1_ascend.rehearse.moe_fault_run import plan_for as moe_plan
-                from r1_ascend.rehearse.moe_fault_run import print_moe_fault_summary as show
-                from r1_ascend.rehearse.moe_fault_run import rehearse_moe_fault
-
-                plan = moe_plan(args.fault, plan)
-                summary = rehearse_moe_fault(out, args.fault, plan, sampler, weights)
-            elif args.fault:
-                from r1_ascend.rehearse.fault_run import print_fault_summary as show
-                from r1_ascend.rehearse.fault_run import rehearse_fault
-
-                summary = rehearse_fault(out, args.fault, plan_for(args.fault, plan), sampler, weights)
-            else:
-                show = print_summary
-                summary = rehearse(out, plan, sampler, weights)
+            summary = rehearse(out, plan, sampler, weights, scenario)
         except (LifecycleError, FaultError, expert_checks.ExpertLoadError) as exc:
             print(f"rehearse: failed: {exc}", file=sys.stderr)
             return 1
@@ -241,8 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     summary["concurrent_peak_pss_gib"] = round(sampler.concurrent_peak_pss / 1024**3, 2)
     summary["processes_sampled"] = sampler.process_count()
     summary["rss_by_process"] = sampler.breakdown()
-    variant = "resume" if args.resume else (args.fault or args.rollout_fault)
-    name = f"summary-{variant}.json" if variant else "summary.json"
+    name = f"summary-{scenario.variant}.json" if scenario.variant else "summary.json"
     (out / name).write_text(json.dumps(summary, indent=2) + "\n")
-    show(summary)
+    scenario.show(summary)
     return 0

@@ -1,4 +1,4 @@
-"""The console summary of a plain rehearsal (the fault scenarios print their own)."""
+"""The console summaries: the plain rehearsal's, a fault scenario's outcome, and a resumed run's."""
 
 from __future__ import annotations
 
@@ -60,3 +60,20 @@ def print_moe(moe: object) -> None:
         for d in moe["engine_bias"]
     )
     print(f"  engine bias:       |engine - actor| at the syncs after the update of step {follows}")
+
+
+def print_outcome(kind: str, verdict: str, summary: dict[str, object], keys: tuple[str, ...]) -> None:
+    """``summary[kind]`` (a fault's outcome, with its ``name``) line by line, then the run's ``keys`` it has."""
+    fault = summary[kind]
+    assert isinstance(fault, dict)
+    print(f"rehearse --{kind.replace('_', '-')} {fault['name']}: {verdict}")
+    rows = [(key, value) for key, value in fault.items() if key != "name"]
+    rows += [(key, summary[key]) for key in keys if key in summary]
+    for key, value in rows:
+        print(f"  {key + ':':28} {value}")
+
+
+def print_resume_summary(summary: dict[str, object]) -> None:
+    print("rehearse --resume: ok")
+    for key in ("nodes_joined", "resumed_from_step", "steps_run", "lifecycle", "checkpoint_loads", "wall_s"):
+        print(f"  {key + ':':20} {summary[key]}")

@@ -10,7 +10,7 @@ a logit gap long before it shows up in a reward curve.
 Without ``--dist-ckpt`` the Megatron model starts from its own initialisation and its weights reach transformers
 through verl's ``per_tensor_generator`` (the actor -> rollout weight export), so the check covers the export
 instead of the converter. One process, TP = EP = PP = 1: for models that fit one device (the smoke model), or on
-the CPU with ``--cpu`` (megatron-core's device-only calls replaced, r1_ascend.rehearse.mcore_cpu). The overlay is
+the CPU with ``--cpu`` (megatron-core's device-only calls replaced, r1_ascend.cpu.mcore). The overlay is
 applied first, as in every process of a run, so the actor gets the run's config conversion; its switches
 (``R1_ASCEND_DISABLE``) apply here too.
 
@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     apply_once()  # the overlay as the run has it (its switches apply): the actor's config conversion is patched
     overrides: dict[str, Any] = {}
     if args.cpu:
-        from r1_ascend.rehearse import mcore_cpu
+        from r1_ascend.cpu import mcore as mcore_cpu
         from r1_ascend.rehearse.config import CPU_TRANSFORMER_OVERRIDES
 
         mcore_cpu.install()

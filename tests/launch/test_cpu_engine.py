@@ -1,4 +1,4 @@
-"""The rehearsal's rollout engine (``r1_ascend.rehearse.cpu_engine``): transformers' DeepSeek-V3 behind ``vllm.LLM``.
+"""The rehearsal's rollout engine (``r1_ascend.cpu.engine``): transformers' DeepSeek-V3 behind ``vllm.LLM``.
 
 Built on the rehearsal's model directory (tiny DeepSeek-V3 config + byte-level tokenizer). References are computed
 independently of the engine's decode path: a plain transformers model for weight loading, a teacher-forced forward
@@ -17,10 +17,10 @@ import torch
 from transformers import AutoTokenizer, DeepseekV3ForCausalLM
 from vllm import SamplingParams
 
+from r1_ascend.cpu import engine as cpu_engine
+from r1_ascend.cpu.engine import CPUStandInLLM, WeightSyncError
 from r1_ascend.patches import WeightSyncError as RolloutWeightSyncError
 from r1_ascend.patches import apply_one, spec_by_name
-from r1_ascend.rehearse import cpu_engine
-from r1_ascend.rehearse.cpu_engine import CPUStandInLLM, WeightSyncError
 from r1_ascend.rehearse.inputs import write_model
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "patches"))

@@ -178,7 +178,7 @@ def test_rehearsal_config_composes_and_passes_the_recipe_checks(tmp_path: Path) 
     finally:
         restore_all()
     modules = config.ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES.split(",")
-    assert modules == ["r1_ascend.patches.prelude", "r1_ascend.rehearse.standins"]
+    assert modules == ["r1_ascend.patches.prelude", "r1_ascend.rehearse.worker_hooks"]
 
 
 @pytest.mark.parametrize(("steps", "save", "judged"), [(10, 5, True), (12, 6, True), (4, 2, False), (2, 1, False)])

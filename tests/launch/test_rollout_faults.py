@@ -10,9 +10,10 @@ import pytest
 import torch
 from vllm import SamplingParams
 
+from r1_ascend.cpu import engine as cpu_engine
+from r1_ascend.cpu.engine import CPUStandInLLM
 from r1_ascend.patches.impl.rollout_memory import mla_impls
 from r1_ascend.rehearse import rollout_faults
-from r1_ascend.rehearse.cpu_engine import CPUStandInLLM
 from r1_ascend.rehearse.inputs import write_model
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13, 14]]
@@ -28,6 +29,7 @@ def _engine(model_dir: Path, monkeypatch: pytest.MonkeyPatch, spec: str | None =
         monkeypatch.delenv("R1_ASCEND_REHEARSE_ROLLOUT_FAULT", raising=False)
     else:
         monkeypatch.setenv("R1_ASCEND_REHEARSE_ROLLOUT_FAULT", spec)
+    monkeypatch.setattr(cpu_engine, "ENGINE_HOOKS", [rollout_faults.attach_from_env])  # as the rehearsal's workers
     return CPUStandInLLM(str(model_dir), dtype="float32", max_model_len=64, seed=0)
 
 

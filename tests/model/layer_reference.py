@@ -20,8 +20,8 @@ def main(weights: Path, layers: int, out: Path) -> None:
     import torch
     from verl.utils.megatron_utils import unwrap_model
 
+    from r1_ascend.cpu import mcore as mcore_cpu
     from r1_ascend.patches.prelude import apply_once
-    from r1_ascend.rehearse import mcore_cpu
     from r1_ascend.rehearse.config import CPU_TRANSFORMER_OVERRIDES
     from r1_ascend.weights import model_check
 

@@ -32,8 +32,8 @@ def main(weights: Path, checkpoint: Path, mode: str, out: Path) -> None:
     )
     from verl.utils.model import load_mcore_dist_weights
 
+    from r1_ascend.cpu import mcore as mcore_cpu
     from r1_ascend.patches.prelude import apply_once
-    from r1_ascend.rehearse import mcore_cpu
     from r1_ascend.rehearse.config import CPU_TRANSFORMER_OVERRIDES
     from r1_ascend.testing.verl_config import compose_trainer
     from r1_ascend.weights import model_check

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from r1_ascend.rehearse import mcore_cpu
+from r1_ascend.cpu import mcore as mcore_cpu
 
 
 def test_every_target_matches_the_pinned_upstream() -> None:

@@ -1,4 +1,4 @@
-"""The CPU replacements' rules at their edges (r1_ascend.rehearse.mcore_cpu), without building a model: the Adam
+"""The CPU replacements' rules at their edges (r1_ascend.cpu.mcore), without building a model: the Adam
 ``step`` a resume loads is each state's own (torch's Adam, as megatron-core's load leaves it), and the signature
 checks name every way an upstream target can change (a parameter renamed, reordered, added or dropped).
 
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from r1_ascend.rehearse import mcore_cpu
+from r1_ascend.cpu import mcore as mcore_cpu
 
 
 def adam_after_one_step(count: int = 3) -> tuple[torch.optim.Adam, list[torch.nn.Parameter]]:
@@ -149,3 +149,30 @@ def test_a_load_that_no_longer_shares_the_step_is_named(monkeypatch: pytest.Monk
     assert mcore_cpu.check_targets() == [
         "DistributedOptimizer.load_state_dict no longer shares one Adam step across the states"
     ]
+
+
+def test_a_model_build_passes_its_config_to_get_model_and_reaches_every_listener(monkeypatch) -> None:
+    """verl's ``make_megatron_module`` builds through ``get_model``: during the build it gets the TransformerConfig
+    (its CPU branch then skips the 'cpu:cpu' move), afterwards ``get_model`` is upstream's again, even when the build
+    fails, and every listener (the rehearsal's model record) sees the chunks once."""
+    calls: list[dict[str, Any]] = []
+    module = SimpleNamespace(get_model=lambda *args, **kwargs: calls.append(kwargs) or ["chunk"])
+    upstream_get_model = module.get_model
+
+    def make(wrap_config: Any, tf_config: Any, *args: Any, **kwargs: Any) -> list[str]:
+        if kwargs.get("fail"):
+            raise RuntimeError("build failed")
+        return module.get_model(wrap_config)
+
+    seen: list[Any] = []
+    monkeypatch.setattr(mcore_cpu, "MODEL_LISTENERS", [seen.append, seen.append])
+    wrapped = mcore_cpu.placing_on_cpu(make, module)
+    config = object()
+    assert wrapped("wrap", config) == ["chunk"]
+    assert calls == [{"transformer_config": config}]
+    assert seen == [["chunk"], ["chunk"]]
+    assert module.get_model is upstream_get_model
+    with pytest.raises(RuntimeError, match="build failed"):
+        wrapped("wrap", config, fail=True)
+    assert module.get_model is upstream_get_model
+    assert len(seen) == 2, "a failed build reaches no listener"

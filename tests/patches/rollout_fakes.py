@@ -11,7 +11,7 @@ attribute paths as on hardware:
   ``impl`` is a real vllm-ascend ``AscendMLAImpl`` (created without ``__init__``) whose
   ``process_weights_after_loading`` is the upstream code, wrapped only to record calls.
 
-The runner, executor and engine start-up are the rehearsal's (``r1_ascend.rehearse.cpu_engine``, which allocates
+The runner, executor and engine start-up are the rehearsal's (``r1_ascend.cpu.engine``, which allocates
 MLA caches as ``NPUModelRunner.initialize_kv_cache`` does and binds them with vLLM's real ``bind_kv_cache``); the
 classes here add what the tests record and check.
 """
@@ -26,7 +26,7 @@ import torch
 from vllm.model_executor.layers.linear import UnquantizedLinearMethod
 from vllm_ascend.attention.mla_v1 import AscendMLAImpl
 
-from r1_ascend.rehearse import cpu_engine
+from r1_ascend.cpu import engine as cpu_engine
 
 HIDDEN = 16
 NUM_LAYERS = 2

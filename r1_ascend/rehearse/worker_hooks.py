@@ -1,20 +1,19 @@
-"""Device-compute stand-ins for the rehearsal, installed in every Ray worker after the overlay's prelude.
+"""What the rehearsal installs in every Ray worker after the overlay's prelude: the CPU platform, then its records.
 
 The rehearsal names this module in ``VERL_USE_EXTERNAL_MODULES`` after ``r1_ascend.patches.prelude``, so verl imports
-it in each worker right after the overlay is applied. It replaces only what needs an NPU, each at the narrowest
-name verl reaches it through. The actor and the reference are megatron-core's DeepSeek-V3 ``GPTModel`` as verl
-builds them, with Megatron DDP, the ``DistributedOptimizer``, Megatron's no-pipelining schedule, verl's
-``MegatronCheckpointManager`` (dist checkpointing) and verl's ``per_tensor_generator`` export, all upstream code;
-megatron-core's device-only calls are replaced by :mod:`r1_ascend.rehearse.mcore_cpu`. The rollout engine is
-transformers' DeepSeek-V3 behind ``vllm.LLM`` (:mod:`r1_ascend.rehearse.cpu_engine`), sharing no code with the
-actor. The list, with why, is :data:`STAND_INS` (docs/launch.md prints it).
+it in each worker right after the overlay is applied. It installs the CPU platform (:mod:`r1_ascend.cpu`: the
+device-only calls of megatron-core and verl's workers, and the ``vllm.LLM`` stand-in; the list, with why, is
+:data:`r1_ascend.cpu.workers.STAND_INS`). The actor and the reference are megatron-core's DeepSeek-V3 ``GPTModel`` as
+verl builds them, with Megatron DDP, the ``DistributedOptimizer``, Megatron's no-pipelining schedule, verl's
+``MegatronCheckpointManager`` (dist checkpointing) and verl's ``per_tensor_generator`` export, all upstream code.
 
-It also records, per worker process, the rollout lifecycle calls the worker makes (``lifecycle-<pid>.log`` under
+Then it records, per worker process, the rollout lifecycle calls the worker makes (``lifecycle-<pid>.log`` under
 ``R1_ASCEND_REHEARSE_DIR``) so the rehearsal can assert their order, each actor update's expert load and expert
 bias (patch ``verl_moe_expert_load``'s listener) and the rollout engine's expert bias after every weight sync, so
 the rehearsal can check that every expert is used and that the engine follows the actor's bias
 (:mod:`r1_ascend.rehearse.expert_checks`). With ``R1_ASCEND_REHEARSE_ACTOR_FAULT`` set it plants that fault into
-the actor's and the reference's model once their weights are loaded.
+the actor's and the reference's model once their weights are loaded; with ``R1_ASCEND_REHEARSE_ROLLOUT_FAULT`` the
+rollout engine plants that one (:mod:`r1_ascend.rehearse.rollout_faults`).
 """
 
 from __future__ import annotations
@@ -29,74 +28,6 @@ from typing import Any
 import torch
 
 from r1_ascend import envs
-
-#: (what is stood in, where verl reaches it, why) - the complete list.
-STAND_INS: tuple[tuple[str, str, str], ...] = (
-    (
-        "collective backend",
-        "verl.workers.megatron_workers.get_nccl_backend -> 'gloo'",
-        "HCCL needs NPUs; gloo runs the same torch.distributed and Megatron process groups on CPU "
-        "(megatron_workers.topk_reduce_ratio_min_max gathers equal shapes, which gloo requires)",
-    ),
-    (
-        "device RNG / memory API",
-        "torch.cpu.{get,set}_rng_state, manual_seed, memory_* (added), megatron_workers.set_random_seed",
-        "verl drives torch.<device>; torch.cpu lacks them, and Megatron's RNG tracker is CUDA-only",
-    ),
-    (
-        "megatron-core device-only calls",
-        "r1_ascend.rehearse.mcore_cpu (Transformer Engine classes, torch.cuda calls, CUDA RNG tracker, ...)",
-        "the listed calls need CUDA; the model, optimizer, schedule, checkpoint and export around them are upstream",
-    ),
-    (
-        "vLLM engine",
-        "verl.workers.rollout.vllm_rollout.vllm_rollout_spmd.LLM -> CPUStandInLLM (transformers' DeepSeek-V3)",
-        "the pinned vLLM wheel has no CPU backend; engine core, KV-cache init and MLA impls stay upstream code",
-    ),
-)
-
-
-# --- device API on torch.cpu --------------------------------------------------------------------------------------
-
-
-def _zero(*_: Any, **__: Any) -> int:
-    return 0
-
-
-def _none(*_: Any, **__: Any) -> None:
-    return None
-
-
-def _install_cpu_device_api() -> None:
-    additions = {
-        "get_rng_state": lambda *_: torch.random.get_rng_state(),
-        "set_rng_state": lambda state, *_: torch.random.set_rng_state(state),
-        "manual_seed": lambda seed: torch.manual_seed(seed),
-        "manual_seed_all": lambda seed: torch.manual_seed(seed),
-        "memory_allocated": _zero,
-        "memory_reserved": _zero,
-        "max_memory_allocated": _zero,
-        "max_memory_reserved": _zero,
-        "reset_peak_memory_stats": _none,
-        "empty_cache": _none,
-        "mem_get_info": lambda *_: (0, 0),
-    }
-    for name, fn in additions.items():
-        if not hasattr(torch.cpu, name):
-            setattr(torch.cpu, name, fn)
-
-
-def _topk_reduce_ratio_min_max(timing: float, k: int = 10) -> tuple[float, float, float]:
-    """verl's timing all-gather with matching shapes: verl gathers a 0-d tensor into 1-element ones, which NCCL and
-    HCCL accept and gloo rejects."""
-    import torch.distributed as dist
-
-    gathered = [torch.zeros(1) for _ in range(dist.get_world_size())]
-    dist.all_gather(gathered, torch.tensor([float(timing)]))
-    stack = torch.stack(gathered)
-    percentile = torch.quantile(stack, 1 - k / 100)
-    return float((stack > percentile).float().mean()), float(stack.min()), float(stack.max())
-
 
 # --- lifecycle record ---------------------------------------------------------------------------------------------
 
@@ -178,34 +109,23 @@ def _record_checkpoint_loads() -> None:
     MegatronCheckpointManager.load_checkpoint = load_checkpoint
 
 
-def _record_models() -> None:
-    """The model class, its parameters on this rank and the parallel layout, each time verl builds a model."""
+def _record_model(chunks: list[Any]) -> None:
+    """The model class, its parameters on this rank and the parallel layout, each time verl builds a model (an
+    entry of :data:`r1_ascend.cpu.mcore.MODEL_LISTENERS`)."""
     import verl.utils.megatron_utils as megatron_utils
+    from megatron.core import parallel_state as mpu
 
-    make = megatron_utils.make_megatron_module
-    if getattr(make, "__r1_rehearse__", False):
-        return
-
-    @functools.wraps(make)
-    def make_megatron_module(*args: Any, **kwargs: Any) -> Any:
-        from megatron.core import parallel_state as mpu
-
-        chunks = make(*args, **kwargs)
-        inner = megatron_utils.unwrap_model(chunks[0])
-        _record(
-            "model",
-            cls=f"{type(inner).__module__}.{type(inner).__qualname__}",
-            parameters=sum(p.numel() for chunk in chunks for p in chunk.parameters()),
-            tp=mpu.get_tensor_model_parallel_world_size(),
-            ep=mpu.get_expert_model_parallel_world_size(),
-            pp=mpu.get_pipeline_model_parallel_world_size(),
-            dp=mpu.get_data_parallel_world_size(),
-            ep_rank=mpu.get_expert_model_parallel_rank(),
-        )
-        return chunks
-
-    make_megatron_module.__r1_rehearse__ = True
-    megatron_utils.make_megatron_module = make_megatron_module
+    inner = megatron_utils.unwrap_model(chunks[0])
+    _record(
+        "model",
+        cls=f"{type(inner).__module__}.{type(inner).__qualname__}",
+        parameters=sum(p.numel() for chunk in chunks for p in chunk.parameters()),
+        tp=mpu.get_tensor_model_parallel_world_size(),
+        ep=mpu.get_expert_model_parallel_world_size(),
+        pp=mpu.get_pipeline_model_parallel_world_size(),
+        dp=mpu.get_data_parallel_world_size(),
+        ep_rank=mpu.get_expert_model_parallel_rank(),
+    )
 
 
 def _record_stages() -> None:
@@ -304,21 +224,17 @@ def parse_dead_expert(spec: str) -> tuple[int, int]:
 
 
 def install() -> None:
-    """Install every stand-in of :data:`STAND_INS` in this process (idempotent)."""
-    import verl.workers.megatron_workers as megatron_workers
-    import verl.workers.rollout.vllm_rollout.vllm_rollout_spmd as vllm_rollout_spmd
+    """Install the CPU platform, then every record and planted fault of this module, in this process (idempotent)."""
+    from r1_ascend.cpu import engine, mcore, workers
+    from r1_ascend.rehearse.rollout_faults import attach_from_env
 
-    from r1_ascend.rehearse import mcore_cpu
-    from r1_ascend.rehearse.cpu_engine import CPUStandInLLM
-
-    _install_cpu_device_api()
-    mcore_cpu.install()
-    megatron_workers.get_nccl_backend = lambda: "gloo"
-    megatron_workers.topk_reduce_ratio_min_max = _topk_reduce_ratio_min_max
-    vllm_rollout_spmd.LLM = CPUStandInLLM
+    workers.install()
+    if _record_model not in mcore.MODEL_LISTENERS:
+        mcore.MODEL_LISTENERS.append(_record_model)
+    if attach_from_env not in engine.ENGINE_HOOKS:
+        engine.ENGINE_HOOKS.append(attach_from_env)
     _record_lifecycle()
     _record_checkpoint_loads()
-    _record_models()
     _record_stages()
     _record_expert_load()
     _plant_actor_fault()

@@ -11,6 +11,10 @@ where (upstream ``module:line``), why, and what stands in. Every replacement che
 with the upstream location, so drift in the pinned packages fails a test instead of silently running
 something else.
 
+One module over the project's 400 lines: the replacements, their list and the check of each target against
+its upstream source are one unit (a replacement added without its list entry and check is the drift this module
+exists to catch), and splitting it would put the three in different files.
+
 The Transformer Engine stand-ins keep TE's parameter names and sharded-state-dict keys (``layer_norm_weight``,
 ``weight0..N`` of a grouped linear, ``experts.experts.linear_fc1.weight`` in a checkpoint), so the dist checkpoint
 the converter writes for the cluster loads here unchanged, and verl's weight export sees the cluster's names.
@@ -810,29 +814,40 @@ def _install_distributed_optimizer_type_check() -> None:
         distrib_optimizer.quantize_param_shard = quantize_fp8_only
 
 
-def _install_cpu_model_placement() -> None:
+#: Called with the model chunks each time verl builds a model (``make_megatron_module``): one wrapper serves the
+#: CPU placement and whoever watches the builds (the rehearsal records each model's class and layout).
+MODEL_LISTENERS: list[Callable[[list[Any]], None]] = []
+
+
+def placing_on_cpu(make: Callable[..., Any], megatron_utils: Any) -> Callable[..., Any]:
     """verl's ``make_megatron_module`` calls ``get_model`` without its ``transformer_config``, so ``get_model`` moves
     every chunk to ``f"{device}:{device_id}"`` ('cpu:cpu'); given the config, its own CPU-initialisation branch
-    keeps the chunks where they were built."""
+    keeps the chunks where they were built. Each :data:`MODEL_LISTENERS` entry then sees the built chunks.
+    ``megatron_utils`` is the module whose ``get_model`` ``make`` calls (verl.utils.megatron_utils)."""
     import functools
 
-    import verl.utils.megatron_utils as megatron_utils
-
-    make = megatron_utils.make_megatron_module
-    if getattr(make, "__r1_ascend_cpu__", False):
-        return
     get_model = megatron_utils.get_model
 
     @functools.wraps(make)
     def make_megatron_module(wrap_config: Any, tf_config: Any, *args: Any, **kwargs: Any) -> Any:
         megatron_utils.get_model = functools.partial(get_model, transformer_config=tf_config)
         try:
-            return make(wrap_config, tf_config, *args, **kwargs)
+            chunks = make(wrap_config, tf_config, *args, **kwargs)
         finally:
             megatron_utils.get_model = get_model
+        for listener in MODEL_LISTENERS:
+            listener(chunks)
+        return chunks
 
     make_megatron_module.__r1_ascend_cpu__ = True
-    megatron_utils.make_megatron_module = make_megatron_module
+    return make_megatron_module
+
+
+def _install_cpu_model_placement() -> None:
+    import verl.utils.megatron_utils as megatron_utils
+
+    if not getattr(megatron_utils.make_megatron_module, "__r1_ascend_cpu__", False):
+        megatron_utils.make_megatron_module = placing_on_cpu(megatron_utils.make_megatron_module, megatron_utils)
 
 
 _INSTALLED = False

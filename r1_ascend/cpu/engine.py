@@ -23,7 +23,9 @@ Device compute is the only thing stood in: ``generate`` decodes with transformer
 drives (freed by ``release``, rebuilt by ``resume(["kv_cache"])``).
 
 The engine-shaped pieces (``ModelRunner``, ``Executor``, ``start_engine``) are also what the overlay's unit tests
-build their recording fakes on, so the rehearsal and the tests stand in for vLLM in one way.
+build their recording fakes on, so the rehearsal and the tests stand in for vLLM in one way. That is why this one
+module is over the project's 400 lines: the engine's shape, its weight load and its sampling are reached through
+one object by the overlay's patches, and the tests' fakes are built from the same pieces.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import difflib
 import functools
 import math
 import types
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +58,9 @@ DTYPES = {
     "float16": torch.float16,
     "half": torch.float16,
 }
+#: Called with each engine once it is built, before its first weight sync: the rehearsal plants its rollout faults
+#: through this (r1_ascend.rehearse.worker_hooks), so the engine knows nothing of them.
+ENGINE_HOOKS: list[Callable[[CPUStandInLLM], None]] = []
 
 
 # --- vLLM engine shape (shared with the overlay's test fakes) -------------------------------------------------------
@@ -499,9 +504,10 @@ class CPUStandInLLM:
         self.prefix_cache_resets = 0
         #: the prompts of the last ``generate`` (a planted per-expert fault picks its expert by their routing)
         self.last_prompts: list[list[int]] = []
-        from r1_ascend.rehearse.rollout_faults import plant_from_env
-
-        self.fault = plant_from_env(self)
+        #: the fault a hook planted (the rehearsal's ``rollout_faults.Planter``); None on a healthy engine
+        self.fault: Any = None
+        for hook in ENGINE_HOOKS:
+            hook(self)
 
     def _build_model(self, model_dir: Path, load_format: str, seed: int) -> tuple[torch.nn.Module, MLADims]:
         """The model (dummy weights from ``seed``, or the directory's checkpoint) and its MLA dimensions."""

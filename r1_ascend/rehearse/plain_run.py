@@ -1,0 +1,64 @@
+"""The plain rehearsal's scenario: run 1 is killed mid-step, run 2 resumes on the same cluster, then the verdicts,
+``r1-ascend report`` on both logs and the export of the final checkpoint."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from r1_ascend.rehearse.cluster import kill_mid_step, relaunch
+from r1_ascend.rehearse.export import export
+from r1_ascend.rehearse.progress import RehearsalError, log_progress, read_log
+from r1_ascend.rehearse.session import Session
+from r1_ascend.rehearse.verdicts import judge, judge_training
+
+#: A Ray log-forwarding prefix naming a node IP, e.g. "(WorkerDict pid=12, ip=127.0.0.3)", colour codes optional.
+FORWARDED_WITH_IP = re.compile(r"^(?:\x1b\[\d+m)?\([^()]*\bpid=\d+, ip=[^()]*\)")
+
+
+def single_copy(log: Path) -> Path:
+    """The driver log with each forwarded worker line once.
+
+    The simulated nodes share one host and therefore one Ray session directory, so the log monitor of every node
+    forwards every worker line: once plain and once tagged with a node IP. On a real cluster each line arrives once.
+    """
+    kept = [line for line in read_log(log).splitlines(keepends=True) if not FORWARDED_WITH_IP.match(line)]
+    target = log.with_suffix(".console.log")
+    target.write_text("".join(kept))
+    return target
+
+
+def run_report(out: Path, logs: list[Path]) -> Path:
+    report_dir = out / "report"
+    logs = [single_copy(log) for log in logs]
+    cmd = [sys.executable, "-m", "r1_ascend.cli", "report", *map(str, logs), str(out / "tensorboard")]
+    done = subprocess.run(
+        [*cmd, "--out", str(report_dir), "--name", "rehearsal"], capture_output=True, text=True, check=False
+    )
+    (out / "report.log").write_text(done.stdout + done.stderr)
+    if done.returncode != 0 or not (report_dir / "report.md").is_file():
+        raise RehearsalError(f"r1-ascend report failed ({done.returncode}); log: {out / 'report.log'}")
+    return report_dir / "report.md"
+
+
+def drive(session: Session) -> tuple[int, set[int]]:
+    """Kill run 1 mid-step after its first checkpoint, then run 2 on the same cluster: (killed step, killed pids)."""
+    killed = kill_mid_step(session.driver, session.out, session.plan, session.logs[0])
+    log_progress(f"run 2: relaunching on the same cluster (log {session.logs[1]})")
+    relaunch(session.cluster, session.launch, session.logs[1], timeout=900)
+    return killed
+
+
+def judge_plain(session: Session, killed: tuple[int, set[int]]) -> dict[str, object]:
+    out, plan, logs = session.out, session.plan, session.logs
+    summary = judge(out, logs, plan, *killed)
+    summary.update(judge_training(out, logs, plan))
+    summary["ray_temp_dir"] = session.cluster.temp_dir
+    summary["netns"] = session.cluster.netns
+    summary["report"] = str(run_report(out, logs))
+    final = out / "checkpoints" / f"global_step_{plan.total_steps}"
+    log_progress(f"export: convert-weights to-hf {final}, then a strict transformers load and a greedy answer")
+    summary["export"] = export(final, out / "exported-hf", out / "export.log")
+    return summary
