@@ -27,25 +27,27 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from r1_ascend.rehearse import expert_checks, training
-from r1_ascend.rehearse.budget import RssSampler
 from r1_ascend.rehearse.config import Plan
-from r1_ascend.rehearse.export import ExportError
-from r1_ascend.rehearse.faults import FAULTS, MOE_FAULTS, PROCESS_FAULTS, FaultError
-from r1_ascend.rehearse.lifecycle import LifecycleError
+from r1_ascend.rehearse.faults import FAULTS, MOE_FAULTS, PROCESS_FAULTS
 from r1_ascend.rehearse.progress import RehearsalError
 from r1_ascend.rehearse.rollout_faults import FAULTS as ROLLOUT_FAULTS
-from r1_ascend.rehearse.scenarios import PLAIN, Scenario, run_scenario, scenario_for
+
+if TYPE_CHECKING:  # the runner and the verdicts are imported once the arguments parsed: `--help` stays cheap
+    from r1_ascend.rehearse.budget import RssSampler
+    from r1_ascend.rehearse.scenarios import Scenario
 
 DEFAULT_OUT = Path("outputs/rehearse")
 
 
 def rehearse(
-    out: Path, plan: Plan, sampler: RssSampler, weights: Path | None = None, scenario: Scenario = PLAIN
+    out: Path, plan: Plan, sampler: RssSampler, weights: Path | None = None, scenario: Scenario | None = None
 ) -> dict[str, object]:
     """Run ``scenario`` (default: the plain rehearsal) from the base ``plan``: its summary."""
-    return run_scenario(scenario, out, plan, sampler, weights)
+    from r1_ascend.rehearse.scenarios import PLAIN, run_scenario
+
+    return run_scenario(scenario or PLAIN, out, plan, sampler, weights)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,6 +142,13 @@ def main(argv: list[str] | None = None) -> int:
         guard_levels=args.guard_levels,
         overrides=tuple(args.overrides) if args.fault else (),
     )
+    from r1_ascend.rehearse import expert_checks, training
+    from r1_ascend.rehearse.budget import RssSampler
+    from r1_ascend.rehearse.export import ExportError
+    from r1_ascend.rehearse.faults import FaultError
+    from r1_ascend.rehearse.lifecycle import LifecycleError
+    from r1_ascend.rehearse.scenarios import scenario_for
+
     scenario = scenario_for(
         fault=args.fault, rollout_fault=args.rollout_fault, resume_with=args.overrides if args.resume else None
     )
