@@ -39,11 +39,22 @@ def module_source_path(module: str) -> Path | None:
     return None
 
 
+#: Parsed upstream files by (path, modification time, size): preflight, doctor and the tests check the same few
+#: files many times in one process, and a parse of vLLM's or verl's larger modules takes tens of milliseconds. A file
+#: changed on disk is parsed again. The trees are only read here.
+_trees: dict[tuple[str, int, int], ast.Module] = {}
+
+
 def _parse(module: str) -> ast.Module | None:
     path = module_source_path(module)
     if path is None:
         return None
-    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    stat = path.stat()
+    key = (str(path), stat.st_mtime_ns, stat.st_size)
+    tree = _trees.get(key)
+    if tree is None:
+        tree = _trees[key] = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    return tree
 
 
 def _params(func: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[str, ...]:
