@@ -30,6 +30,10 @@ from r1_ascend.rehearse.summary import print_outcome, print_resume_summary, prin
 Setup = Callable[[Path, Plan, "Path | None", RssSampler], Session]
 
 
+#: The progress line once the head has started run 1; a fault scenario adds what it plants.
+RUN_1 = "run 1: the head runs the recipe entry point (log {log})"
+
+
 def _same_plan(plan: Plan) -> Plan:
     return plan
 
@@ -44,7 +48,7 @@ class Scenario:
     drive: Callable[[Session], Any]
     judge: Callable[[Session, Any], dict[str, object]]
     show: Callable[[dict[str, object]], None]
-    announce: str = "run 1: the head runs the recipe entry point (log {log})"
+    announce: str = RUN_1
     plan: Callable[[Plan], Plan] = _same_plan
     setup: Setup = fresh_session
 
@@ -76,7 +80,7 @@ def fault_scenario(name: str) -> Scenario:
             functools.partial(moe_fault_run.drive, name=name),
             functools.partial(moe_fault_run.judge, name=name),
             functools.partial(print_outcome, "fault", "caught", keys=("wall_s",)),
-            announce=f"run 1: the head runs the recipe entry point (log {{log}}); MoE fault {name}",
+            announce=f"{RUN_1}; MoE fault {name}",
             plan=functools.partial(moe_fault_run.plan_for, name),
         )
     keys = ("resumed_from_step", "steps_run", "lifecycle", "checkpoint_loads", "checkpoints_kept", "wall_s")
@@ -85,7 +89,7 @@ def fault_scenario(name: str) -> Scenario:
         functools.partial(fault_run.drive, fault=name),
         functools.partial(fault_run.judge_fault, fault=name),
         functools.partial(print_outcome, "fault", "ok", keys=keys),
-        announce=f"run 1: the head runs the recipe entry point (log {{log}}); fault {name}",
+        announce=f"{RUN_1}; fault {name}",
         plan=functools.partial(plan_for, name),
     )
 
@@ -97,7 +101,7 @@ def rollout_fault_scenario(name: str) -> Scenario:
         functools.partial(rollout_fault_run.drive, name=name),
         functools.partial(rollout_fault_run.judge, name=name),
         functools.partial(print_outcome, "rollout_fault", "stopped by the rollout guard", keys=("wall_s",)),
-        announce="run 1: the head runs the recipe entry point (log {log}); rollout fault {plan.rollout_fault}",
+        announce=RUN_1 + "; rollout fault {plan.rollout_fault}",
         plan=functools.partial(rollout_fault_run.plan_for, name),
     )
 
