@@ -55,6 +55,9 @@ R1_ASCEND_REHEARSE_SEED = "R1_ASCEND_REHEARSE_SEED"
 #: ``NAME@SYNC``: the CPU rehearsal's rollout engine plants that fault (r1_ascend.rehearse.rollout_faults) into its
 #: SYNC-th weight sync (``r1-ascend rehearse --rollout-fault``). Unset: none.
 R1_ASCEND_REHEARSE_ROLLOUT_FAULT = "R1_ASCEND_REHEARSE_ROLLOUT_FAULT"
+#: ``1``: the CPU rehearsal's trainer permutes each training batch's rewards across its responses before the
+#: advantages (``r1-ascend rehearse --shuffle-rewards``, a control run that must not learn). Unset or ``0``: not.
+R1_ASCEND_REHEARSE_SHUFFLE_REWARDS = "R1_ASCEND_REHEARSE_SHUFFLE_REWARDS"
 #: ``dead-expert@LAYER:EXPERT``: the CPU rehearsal's actor and reference get that expert's router bias at -inf once
 #: their weights are loaded, so no token is ever routed to it (``r1-ascend rehearse --fault dead-expert``). Unset:
 #: none.
@@ -145,6 +148,16 @@ def rehearse_seed(environ: Mapping[str, str] | None = None) -> int:
 def rehearse_rollout_fault(environ: Mapping[str, str] | None = None) -> str | None:
     """The rollout fault the rehearsal's engine plants (``NAME@SYNC``), or None."""
     return _env(environ).get(R1_ASCEND_REHEARSE_ROLLOUT_FAULT) or None
+
+
+def rehearse_shuffle_rewards(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the rehearsal's trainer permutes each training batch's rewards
+    (``R1_ASCEND_REHEARSE_SHUFFLE_REWARDS``)."""
+    raw = _env(environ).get(R1_ASCEND_REHEARSE_SHUFFLE_REWARDS) or "0"
+    if raw not in ("0", "1"):
+        msg = f"{R1_ASCEND_REHEARSE_SHUFFLE_REWARDS}={raw!r}: expected 1 (permute each batch's rewards) or 0"
+        raise ValueError(msg)
+    return raw == "1"
 
 
 def rehearse_actor_fault(environ: Mapping[str, str] | None = None) -> str | None:

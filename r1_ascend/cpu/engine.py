@@ -18,6 +18,9 @@ rollout reaches the same attribute paths as on the NPU:
   whose attention layers carry real vllm-ascend ``AscendMLAImpl`` objects over each layer's ``self_attn.kv_b_proj``
   (their ``process_weights_after_loading`` is upstream code), with the MLA dimensions of the model's config.
 
+- every decode step is sampled by vLLM's own ``InputBatch`` -> ``Sampler`` -> ``LogprobsProcessor``
+  (:class:`VLLMSampler`), so the overlay's ``Sampler.forward`` patch runs here as in the NPU worker.
+
 Device compute is the only thing stood in: ``generate`` decodes with transformers' own KV cache
 (``past_key_values``), not with the vLLM-layout caches above, which exist for the memory lifecycle the overlay
 drives (freed by ``release``, rebuilt by ``resume(["kv_cache"])``).
@@ -35,7 +38,7 @@ import functools
 import math
 import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +47,11 @@ from transformers import DeepseekV3ForCausalLM
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
 
 from r1_ascend import envs
+from r1_ascend.patches import patched_by
 
 BLOCK_SIZE = 16
 #: Sequences of ``max_model_len`` tokens the stand-in executor reports KV-cache memory for (vLLM needs at least one).
 KV_CACHE_SEQUENCES = 2
-#: Temperatures below this sample greedily (vllm.v1.sample.sampler._SAMPLING_EPS).
-GREEDY_EPS = 1e-5
 #: ``vllm.LLM(dtype=...)`` strings and what vLLM maps them to.
 DTYPES = {
     "float32": torch.float32,
@@ -353,7 +355,9 @@ def _checkpoint_tensors(model_dir: Path) -> Iterable[tuple[str, torch.Tensor]]:
 # --- sampling -----------------------------------------------------------------------------------------------------
 
 
-#: SamplingParams fields this engine does not implement, with the value that means "off".
+#: SamplingParams fields this engine does not implement, with the value that means "off". verl's rollout sets none
+#: of them. vLLM's penalties would pin host memory (``is_pin_memory_available`` is true on the NPU platform),
+#: which a CPU-only torch cannot; min-p is vllm-ascend's patched ``apply_min_p`` on the cluster.
 _UNSUPPORTED_DEFAULTS: dict[str, Any] = {
     "presence_penalty": 0.0,
     "frequency_penalty": 0.0,
@@ -372,13 +376,11 @@ _UNSUPPORTED_DEFAULTS: dict[str, Any] = {
 
 @dataclass(frozen=True)
 class Sampling:
-    """What ``generate`` honours from vLLM's ``SamplingParams``."""
+    """What ``generate`` reads from vLLM's ``SamplingParams`` itself; temperature, top-k and top-p reach vLLM's own
+    ``InputBatch`` and ``Sampler`` unchanged (:class:`VLLMSampler`)."""
 
     n: int
     max_tokens: int
-    temperature: float
-    top_p: float
-    top_k: int
     logprobs: int | None
     stop_token_ids: frozenset[int]
     ignore_eos: bool
@@ -402,66 +404,126 @@ class Sampling:
         return cls(
             n=int(params.n),
             max_tokens=int(params.max_tokens),
-            temperature=float(params.temperature),
-            top_p=float(params.top_p),
-            top_k=int(params.top_k),
             logprobs=None if params.logprobs is None else int(params.logprobs),
             stop_token_ids=frozenset(int(t) for t in (params.stop_token_ids or ())),
             ignore_eos=bool(params.ignore_eos),
         )
 
-    @property
-    def greedy(self) -> bool:
-        return self.temperature < GREEDY_EPS
+
+@dataclass
+class SamplerCalls:
+    """How the engine's sampling went since it was last read: the calls of ``Sampler.forward`` and the patch that
+    had replaced it at each call (None: upstream's own), so the rehearsal can show the overlay's sampler ran."""
+
+    calls: int = 0
+    patches: set[str | None] = field(default_factory=set)
+
+    def take(self) -> dict[str, Any]:
+        """The record so far, as JSON-ready fields, and start afresh."""
+        taken = {"calls": self.calls, "patched_by": sorted(p or "upstream" for p in self.patches)}
+        self.calls, self.patches = 0, set()
+        return taken
 
 
-def top_k_top_p_mask(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """``logits`` [rows, vocab] with every token outside the top-k, then outside the top-p nucleus, set to -inf.
+class VLLMSampler:
+    """One decode batch sampled as vllm-ascend's ``NPUModelRunner`` samples it, with vLLM's own pieces on CPU.
 
-    Same semantics as vLLM's sampler: ``top_k <= 0`` or ``>= vocab`` and ``top_p >= 1`` are off; the nucleus is the
-    smallest set of most likely tokens whose probability reaches ``top_p`` (never empty).
+    - ``vllm.v1.worker.gpu_input_batch.InputBatch`` turns each request's ``SamplingParams`` into the batch's
+      ``SamplingMetadata`` (greedy rows, temperature, top-k/top-p), as the runner's ``input_batch`` does;
+    - ``vllm.v1.sample.sampler.Sampler`` (the class the runner builds, ``model_runner_v1.py:356`` of vllm-ascend
+      0.9.1) samples and gathers the log-probs, with whatever patch the process applied to ``Sampler.forward`` (the
+      overlay's ``verl_rollout_guard``); off CUDA and TPU its top-k/top-p path is ``forward_native``, the one
+      vllm-ascend keeps unless ``VLLM_ASCEND_ENABLE_TOPK_OPTIMIZE`` swaps in ``torch_npu.npu_top_k_top_p``;
+    - ``vllm.v1.engine.logprobs.LogprobsProcessor`` turns the log-prob tensors into each completion's
+      ``Logprob`` dicts and cumulative log-prob, as the output processor does.
+
+    One difference: every request samples from the engine's seeded generator (vLLM gives a generator only to
+    requests with their own ``seed`` and draws the others from the device's global one), so a rehearsal is
+    reproducible whatever else in the worker draws random numbers.
     """
-    vocab = logits.shape[-1]
-    masked = logits
-    if 0 < top_k < vocab:
-        kth = logits.topk(top_k, dim=-1).values[..., -1:]
-        masked = masked.masked_fill(masked < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = masked.sort(dim=-1, descending=True)
-        probs = sorted_logits.softmax(dim=-1)
-        mass_before = probs.cumsum(dim=-1) - probs  # probability of the more likely tokens
-        drop_sorted = mass_before >= top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        masked = masked.masked_fill(drop, float("-inf"))
-    return masked
 
+    def __init__(
+        self,
+        sampler: Any,
+        params: Any,
+        prompts: list[list[int]],
+        generator: torch.Generator,
+        *,
+        max_model_len: int,
+        vocab_size: int,
+        record: SamplerCalls,
+    ) -> None:
+        from vllm.v1.engine.logprobs import LogprobsProcessor
+        from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
 
-def sample(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """One decode step: the sampled tokens [rows] and the log-probs [rows, vocab] they are reported with.
+        self.sampler, self.record = sampler, record
+        self.batch = InputBatch(
+            max_num_reqs=len(prompts),
+            max_model_len=max_model_len,
+            max_num_batched_tokens=max_model_len * len(prompts),
+            device=torch.device("cpu"),
+            pin_memory=False,
+            vocab_size=vocab_size,
+            block_sizes=[BLOCK_SIZE],
+        )
+        self.requests = [
+            CachedRequestState(
+                req_id=str(index),
+                prompt_token_ids=ids,
+                mm_inputs=[],
+                mm_positions=[],
+                sampling_params=params,
+                generator=generator,
+                block_ids=([],),
+                num_computed_tokens=len(ids),
+                output_token_ids=[],
+            )
+            for index, ids in enumerate(prompts)
+        ]
+        for request in self.requests:
+            self.batch.add_request(request)
+        self.batch.refresh_sampling_metadata()
+        self.logprobs = [
+            None
+            if params.logprobs is None
+            else LogprobsProcessor(
+                tokenizer=None,
+                logprobs=[],
+                prompt_logprobs=None,
+                cumulative_logprob=0.0,
+                num_logprobs=params.logprobs,
+                num_prompt_logprobs=None,
+            )
+            for _ in prompts
+        ]
 
-    The log-probs are those of ``log_softmax(logits / T)`` (raw logits when greedy), before top-k/top-p: what the
-    overlay's rollout guard makes vLLM return and what the actor recomputes.
-    """
-    logits = logits.float()
-    if sampling.greedy:
-        return logits.argmax(dim=-1), logits.log_softmax(dim=-1)
-    scaled = logits / sampling.temperature
-    probs = top_k_top_p_mask(scaled, sampling.top_k, sampling.top_p).softmax(dim=-1)
-    tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-    return tokens, scaled.log_softmax(dim=-1)
+    def step(self, logits: torch.Tensor, live: Sequence[bool]) -> list[int]:
+        """Sample one token per row from ``logits`` [rows, vocab]; rows still ``live`` keep it and its log-probs."""
+        from vllm.v1.engine import EngineCoreOutput
 
+        forward = type(self.sampler).forward
+        output = self.sampler(logits.float(), self.batch.sampling_metadata)
+        self.record.calls += 1
+        self.record.patches.add(patched_by(forward))
+        tokens = output.sampled_token_ids[:, 0].tolist()
+        lists = None if output.logprobs_tensors is None else output.logprobs_tensors.tolists()
+        for row, token in enumerate(tokens):
+            if not live[row]:
+                continue
+            self.requests[row].output_token_ids.append(token)  # the request's output, as the runner keeps it
+            processor = self.logprobs[row]
+            if processor is not None and lists is not None:
+                processor.update_from_output(
+                    EngineCoreOutput(request_id=str(row), new_token_ids=[token], new_logprobs=lists.slice(row, row + 1))
+                )
+        return tokens
 
-def _logprob_entry(row: torch.Tensor, token: int, top: int) -> dict[int, Any]:
-    """vLLM's per-token log-prob dict: the sampled token plus the ``top`` most likely, with their vocab ranks."""
-    from vllm.sequence import Logprob
-
-    value = float(row[token])
-    entry = {token: Logprob(logprob=value, rank=int((row > row[token]).sum()) + 1)}
-    if top > 0:
-        values, ids = row.topk(top)
-        for rank, (tid, tval) in enumerate(zip(ids.tolist(), values.tolist(), strict=True), start=1):
-            entry.setdefault(tid, Logprob(logprob=tval, rank=rank))
-    return entry
+    def completion_logprobs(self, row: int) -> tuple[list[dict[int, Any]] | None, float | None]:
+        """Row ``row``'s per-token ``Logprob`` dicts and cumulative log-prob (None, None without ``logprobs``)."""
+        processor = self.logprobs[row]
+        if processor is None:
+            return None, None
+        return processor.logprobs, processor.cumulative_logprob
 
 
 # --- the LLM ------------------------------------------------------------------------------------------------------
@@ -485,6 +547,7 @@ class CPUStandInLLM:
         **engine_kwargs: Any,
     ) -> None:
         from transformers import AutoConfig, AutoTokenizer
+        from vllm.v1.sample.sampler import Sampler
 
         self.engine_kwargs = dict(engine_kwargs)
         self.hf_config = AutoConfig.from_pretrained(model, trust_remote_code=False)
@@ -501,6 +564,9 @@ class CPUStandInLLM:
         self.engine_core, self.llm_engine = start_engine(self.executor, self.max_model_len)
         # verl 0.6.1 always passes seed 0; the rehearsal's --seed reaches the sampler through the environment
         self.generator = torch.Generator().manual_seed(int(seed) + envs.rehearse_seed())
+        #: vLLM's sampler, built once as the NPU model runner builds it; it samples every decode step
+        self.sampler = Sampler()
+        self.sampler_calls = SamplerCalls()
         self.prefix_cache_resets = 0
         #: the prompts of the last ``generate`` (a planted per-expert fault picks its expert by their routing)
         self.last_prompts: list[list[int]] = []
@@ -543,58 +609,66 @@ class CPUStandInLLM:
         prompt_ids = [[int(t) for t in prompt["prompt_token_ids"]] for prompt in prompts]
         self.last_prompts = prompt_ids
         rows = [ids for ids in prompt_ids for _sample in range(sampling.n)]
-        samples: list[tuple[list[int], list[dict[int, Any]] | None]] = []
+        completions = []
         for start in range(0, len(rows), self.max_num_seqs):
-            samples += self._decode(rows[start : start + self.max_num_seqs], sampling, stop)
-        completions = [self._completion(i % sampling.n, *sample, stop) for i, sample in enumerate(samples)]
+            batch = rows[start : start + self.max_num_seqs]
+            completions += self._decode(batch, sampling_params, sampling, stop)
+        for index, completion in enumerate(completions):
+            completion.index = index % sampling.n
         return [
             RequestOutput(str(index), None, ids, None, completions[index * sampling.n : (index + 1) * sampling.n], True)
             for index, ids in enumerate(prompt_ids)
         ]
 
-    def _completion(self, index: int, tokens: list[int], logprobs: list[dict[int, Any]] | None, stop: set[int]) -> Any:
+    def _completion(
+        self, tokens: list[int], logprobs: tuple[list[dict[int, Any]] | None, float | None], stop: set[int]
+    ) -> Any:
         """vLLM's ``CompletionOutput``: finished by a stop token ("stop", which is kept) or by the length limit."""
         from vllm.outputs import CompletionOutput
 
         stopped = bool(tokens) and tokens[-1] in stop
         return CompletionOutput(
-            index=index,
+            index=0,
             text="",
             token_ids=tokens,
-            cumulative_logprob=None
-            if logprobs is None
-            else sum(e[t].logprob for e, t in zip(logprobs, tokens, strict=True)),
-            logprobs=logprobs,
+            cumulative_logprob=logprobs[1],
+            logprobs=logprobs[0],
             finish_reason="stop" if stopped else "length",
             stop_reason=tokens[-1] if stopped and tokens[-1] != self.eos_token_id else None,
         )
 
-    def _decode(
-        self, prompts: list[list[int]], sampling: Sampling, stop: set[int]
-    ) -> list[tuple[list[int], list[dict[int, Any]] | None]]:
-        """One response per prompt, all prompts decoded together (see ``_prefill`` and ``_next_logits``)."""
+    def _decode(self, prompts: list[list[int]], params: Any, sampling: Sampling, stop: set[int]) -> list[Any]:
+        """One completion per prompt, all prompts decoded together (see ``_prefill`` and ``_next_logits``) and
+        sampled by vLLM's sampler (:class:`VLLMSampler`)."""
         lengths = [len(ids) for ids in prompts]
         if max(lengths) >= self.max_model_len:
             msg = f"a prompt of {max(lengths)} tokens leaves no room to generate in max_model_len={self.max_model_len}"
             raise ValueError(msg)
         limits = [min(sampling.max_tokens, self.max_model_len - n) for n in lengths]
-        tokens: list[list[int]] = [[] for _ in prompts]
-        logprobs: list[list[dict[int, Any]]] = [[] for _ in prompts]
+        sampler = VLLMSampler(
+            self.sampler,
+            params,
+            prompts,
+            self.generator,
+            max_model_len=self.max_model_len,
+            vocab_size=int(self.hf_config.vocab_size),
+            record=self.sampler_calls,
+        )
         live = [limit > 0 for limit in limits]
         logits, state = self._prefill(prompts)
         while True:
-            sampled, log_probs = sample(logits, sampling, self.generator)
-            for row, token in enumerate(sampled.tolist()):
-                if not live[row]:
-                    continue
-                tokens[row].append(token)
-                if sampling.logprobs is not None:
-                    logprobs[row].append(_logprob_entry(log_probs[row], token, sampling.logprobs))
-                live[row] = token not in stop and len(tokens[row]) < limits[row]
+            sampled = sampler.step(logits, live)
+            for row, token in enumerate(sampled):
+                if live[row]:
+                    tokens = sampler.requests[row].output_token_ids
+                    live[row] = token not in stop and len(tokens) < limits[row]
             if not any(live):
                 break
-            logits = self._next_logits(state, sampled)
-        return [(t, lp if sampling.logprobs is not None else None) for t, lp in zip(tokens, logprobs, strict=True)]
+            logits = self._next_logits(state, torch.tensor(sampled))
+        return [
+            self._completion(list(request.output_token_ids), sampler.completion_logprobs(row), stop)
+            for row, request in enumerate(sampler.requests)
+        ]
 
     def _prefill(self, prompts: list[list[int]]) -> tuple[torch.Tensor, Any]:
         """The next-token logits [rows, vocab] after each prompt, and the decode state: the prompts left-padded into

@@ -89,6 +89,8 @@ class Plan:
     rollout_fault: str | None = None
     #: ``dead-expert@LAYER:EXPERT``: the actor's and reference's model get that fault once loaded; None: none
     actor_fault: str | None = None
+    #: the trainer permutes each training batch's rewards across its responses (a control that must not learn)
+    shuffle_rewards: bool = False
     #: Hydra overrides on top of the rehearsal's own (``rehearse --fault NAME key=value ...``), e.g. a feature off
     overrides: tuple[str, ...] = ()
 
@@ -206,6 +208,11 @@ def overrides(plan: Plan, inputs: Inputs, out: Path, repo_root: Path) -> list[st
         *(
             [f"+ray_kwargs.ray_init.runtime_env.env_vars.{envs.R1_ASCEND_REHEARSE_ACTOR_FAULT}='{plan.actor_fault}'"]
             if plan.actor_fault
+            else []
+        ),
+        *(
+            [f"+ray_kwargs.ray_init.runtime_env.env_vars.{envs.R1_ASCEND_REHEARSE_SHUFFLE_REWARDS}='1'"]
+            if plan.shuffle_rewards
             else []
         ),
         f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES={STANDINS_MODULE}",

@@ -12,6 +12,8 @@ CYCLE = ("resume(weights)", "update_weights", "resume(kv_cache)", "generate", "r
 LIFECYCLE_EVENTS = {"release", "resume(weights)", "update_weights", "resume(kv_cache)", "generate"}
 #: Patches every worker's prelude must have applied for the rehearsal to exercise the overlay.
 REQUIRED_PATCHES = ("vllm_rollout_offload", "vllm_engine_kv_cache_configs", "verl_onpolicy_logprob")
+#: The patch that must have replaced vLLM's ``Sampler.forward`` in every generation (temperature-scaled log-probs).
+SAMPLER_PATCH = "verl_rollout_guard"
 PRELUDE_LINE = re.compile(r"r1-ascend overlay \(pid (\d+)\): applied=(\S+) already=(\S+)")
 
 
@@ -155,3 +157,35 @@ def check_preludes(log_texts: list[str], events: list[dict[str, Any]]) -> str:
         if missing:
             raise LifecycleError(f"worker pid {pid}'s prelude did not apply {', '.join(missing)}")
     return f"{len(workers)} workers logged the prelude with {', '.join(REQUIRED_PATCHES)} applied"
+
+
+def check_sampling(events: list[dict[str, Any]], killed_pids: set[int]) -> str:
+    """Every generation of every worker sampled through vLLM's ``Sampler.forward`` as the overlay replaced it.
+
+    Each ``generate`` record must be followed, before the worker's next rollout call, by a ``sampled`` record with
+    at least one call, all by :data:`SAMPLER_PATCH`. A worker of the killed run may lack it after its last
+    generation (killed during it)."""
+    pending: dict[int, bool] = {}
+    generations = calls = 0
+    for event in sorted(events, key=lambda e: e["t"]):
+        pid, name = int(event["pid"]), event["event"]
+        if name == "sampled":
+            if not pending.pop(pid, False):
+                raise LifecycleError(f"worker pid {pid} recorded sampling with no generation before it")
+            if event.get("calls", 0) < 1 or event.get("patched_by") != [SAMPLER_PATCH]:
+                raise LifecycleError(
+                    f"worker pid {pid} generated with vLLM's Sampler.forward called {event.get('calls')} times by "
+                    f"{event.get('patched_by')}, expected at least once and only as patch {SAMPLER_PATCH!r} replaced "
+                    f"it (without it the rollout's log-probs are those of the logits before temperature)"
+                )
+            generations, calls = generations + 1, calls + int(event["calls"])
+        elif name in LIFECYCLE_EVENTS:
+            if pending.get(pid):
+                raise LifecycleError(f"worker pid {pid}: a generation recorded no sampling before its {name!r}")
+            pending[pid] = name == "generate"
+    unfinished = sorted(pid for pid, waiting in pending.items() if waiting and pid not in killed_pids)
+    if unfinished:
+        raise LifecycleError(f"workers {unfinished} recorded a last generation without its sampling")
+    if not generations:
+        raise LifecycleError("no worker recorded how a generation sampled")
+    return f"{generations} generations sampled by vLLM's Sampler.forward as {SAMPLER_PATCH} replaced it ({calls} calls)"

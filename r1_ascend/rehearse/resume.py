@@ -25,6 +25,7 @@ from r1_ascend.rehearse.lifecycle import (
     check_checkpoint_loads,
     check_lifecycle,
     check_preludes,
+    check_sampling,
     read_lifecycle,
 )
 from r1_ascend.rehearse.progress import RehearsalError, read_log
@@ -99,6 +100,7 @@ def judge(session: Session, code: int) -> dict[str, object]:
             raise LifecycleError(f"expected {plan.world} rollout workers in the resumed run; records: {out}")
         loads = check_checkpoint_loads(events, set(), expected)
         preludes = check_preludes([text], events)
+        sampling = check_sampling(events, set())
     except LifecycleError as exc:
         raise LifecycleError(f"{exc}; records: {out / 'lifecycle'}, log: {log}") from exc
     training.check_finite(training.step_metrics([log]), [log])
@@ -111,6 +113,7 @@ def judge(session: Session, code: int) -> dict[str, object]:
         "lifecycle": lifecycle,
         "checkpoint_loads": loads,
         "preludes": preludes,
+        "sampling": sampling,
         "ray_temp_dir": session.cluster.temp_dir,
         "netns": session.cluster.netns,
     }

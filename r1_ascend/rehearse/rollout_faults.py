@@ -188,6 +188,21 @@ def _yarn_off(engine: Any, weights: Weights, _previous: Weights, _probe: list[li
     return Sync(dict(weights))
 
 
+def _sampler_unpatched(engine: Any, weights: Weights, _previous: Weights, _probe: list[list[int]]) -> Sync:
+    """From this sync on the engine samples with vLLM 0.9.1's ``Sampler.forward`` as upstream ships it: the same
+    tokens, reported with the log-probs of the logits before temperature (the overlay's sampler patch lost, as a
+    vLLM whose sampler moved would lose it)."""
+    from vllm.v1.sample.sampler import Sampler
+
+    from r1_ascend.patches import get_original, patched_by
+
+    forward = Sampler.forward
+    if patched_by(forward) is not None:
+        forward = get_original(f"{Sampler.__module__}.Sampler.forward")
+    engine.sampler = type("UpstreamSampler", (Sampler,), {"forward": forward})()
+    return Sync(dict(weights))
+
+
 FAULTS: Mapping[str, RolloutFault] = {
     f.name: f
     for f in (
@@ -210,6 +225,11 @@ FAULTS: Mapping[str, RolloutFault] = {
         ),
         RolloutFault("routing-ungrouped", "group-limited routing off in the engine", _routing_ungrouped),
         RolloutFault("yarn-off", "yarn rope scaling off in the engine", _yarn_off),
+        RolloutFault(
+            "sampler-unpatched",
+            "vLLM's sampler without the overlay's patch: log-probs of the logits before temperature",
+            _sampler_unpatched,
+        ),
     )
 }
 

@@ -61,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         "--lr",
         type=float,
         default=Plan.lr,
-        help=f"the actor's learning rate (default {Plan.lr}); 0 is the control run: the reward must not rise, so the "
-        "rise is not required",
+        help=f"the actor's learning rate (default {Plan.lr}); 0 is the updates-off control: one launch with nothing "
+        "killed, and the reward must not rise",
     )
     parser.add_argument(
         "--steps",
@@ -102,6 +102,12 @@ def main(argv: list[str] | None = None) -> int:
         "may follow, e.g. the trainer.resume_from_path=... a refused resume printed",
     )
     parser.add_argument(
+        "--shuffle-rewards",
+        action="store_true",
+        help="the reward control: each training batch's rewards permuted across its responses, one launch with "
+        "nothing killed; the reward must not rise (with --lr 0 the other control, whose updates are off)",
+    )
+    parser.add_argument(
         "--rollout-fault",
         choices=sorted(name for name, fault in ROLLOUT_FAULTS.items() if not fault.persistent),
         help="plant a rollout fault in the engine's second weight sync of a 2-step run; the rollout guard must stop "
@@ -128,7 +134,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--resume continues a rehearsal; it plants no fault")
     if args.fault and args.rollout_fault:
         parser.error("plant one fault per run: --fault or --rollout-fault")
-    rise = Plan.min_reward_rise if args.lr > 0 and args.steps >= Plan.total_steps else None
+    control = "shuffled-rewards" if args.shuffle_rewards else "lr0" if args.lr == 0 else None
+    if args.shuffle_rewards and args.lr == 0:
+        parser.error("one control per run: --lr 0 or --shuffle-rewards")
+    if control and (args.resume or args.fault or args.rollout_fault):
+        parser.error("a control run (--lr 0, --shuffle-rewards) plants no fault and resumes nothing")
+    rise = Plan.min_reward_rise if control is None and args.steps >= Plan.total_steps else None
     half = max(1, args.steps // 2)
     plan = Plan(
         total_steps=args.steps,
@@ -140,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         min_reward_rise=rise,
         seed=args.seed,
         guard_levels=args.guard_levels,
+        shuffle_rewards=args.shuffle_rewards,
         overrides=tuple(args.overrides) if args.fault else (),
     )
     from r1_ascend.rehearse import expert_checks, training
@@ -150,7 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     from r1_ascend.rehearse.scenarios import scenario_for
 
     scenario = scenario_for(
-        fault=args.fault, rollout_fault=args.rollout_fault, resume_with=args.overrides if args.resume else None
+        fault=args.fault,
+        rollout_fault=args.rollout_fault,
+        resume_with=args.overrides if args.resume else None,
+        control=control,
     )
     out = args.output_dir.resolve()
     weights = args.weights.resolve() if args.weights else None

@@ -18,14 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from r1_ascend.rehearse import fault_run, moe_fault_run, plain_run, resume, rollout_fault_run
+from r1_ascend.rehearse import control_run, fault_run, moe_fault_run, plain_run, resume, rollout_fault_run
 from r1_ascend.rehearse.budget import RssSampler
 from r1_ascend.rehearse.cluster import start_cluster, stop_cluster
 from r1_ascend.rehearse.config import Plan
 from r1_ascend.rehearse.faults import MOE_FAULTS, plan_for
 from r1_ascend.rehearse.progress import log_progress
 from r1_ascend.rehearse.session import Session, fresh_session
-from r1_ascend.rehearse.summary import print_outcome, print_resume_summary, print_summary
+from r1_ascend.rehearse.summary import print_control, print_outcome, print_resume_summary, print_summary
 
 Setup = Callable[[Path, Plan, "Path | None", RssSampler], Session]
 
@@ -106,6 +106,17 @@ def rollout_fault_scenario(name: str) -> Scenario:
     )
 
 
+def control_scenario(name: str) -> Scenario:
+    """``--lr 0`` or ``--shuffle-rewards``: one launch of the plain plan, nothing killed; the reward must stay flat."""
+    return Scenario(
+        f"control-{name}",
+        control_run.drive,
+        functools.partial(control_run.judge, control=name),
+        print_control,
+        announce=f"{RUN_1}; control run ({name}): the reward must not rise",
+    )
+
+
 def resume_scenario(extra: list[str]) -> Scenario:
     """``--resume [key=value ...]``: the next run of the interrupted rehearsal in the output directory."""
 
@@ -123,10 +134,14 @@ def resume_scenario(extra: list[str]) -> Scenario:
     )
 
 
-def scenario_for(*, fault: str | None, rollout_fault: str | None, resume_with: list[str] | None) -> Scenario:
+def scenario_for(
+    *, fault: str | None, rollout_fault: str | None, resume_with: list[str] | None, control: str | None = None
+) -> Scenario:
     """The scenario the command's arguments name (they were checked to name at most one)."""
     if resume_with is not None:
         return resume_scenario(resume_with)
+    if control:
+        return control_scenario(control)
     if rollout_fault:
         return rollout_fault_scenario(rollout_fault)
     if fault:

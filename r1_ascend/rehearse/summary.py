@@ -14,6 +14,8 @@ def print_summary(summary: dict[str, object]) -> None:
     print(f"  resumed from step: {summary['resumed_from_step']}")
     print(f"  rollout lifecycle: {summary['lifecycle']}")
     print(f"  overlay preludes:  {summary['preludes']}")
+    if "sampling" in summary:
+        print(f"  vLLM sampler:      {summary['sampling']}")
     print(f"  checkpoint loads:  {summary['checkpoint_loads']}")
     model = summary["model"]
     assert isinstance(model, dict)
@@ -71,6 +73,22 @@ def print_outcome(kind: str, verdict: str, summary: dict[str, object], keys: tup
     rows += [(key, summary[key]) for key in keys if key in summary]
     for key, value in rows:
         print(f"  {key + ':':28} {value}")
+
+
+def print_control(summary: dict[str, object]) -> None:
+    """A control run's verdict and reward curve."""
+    control, reward, curve = summary["control"], summary["reward"], summary["reward_curve"]
+    assert isinstance(control, dict)
+    assert isinstance(reward, dict)
+    assert isinstance(curve, dict)
+    print(f"rehearse, control run {control['name']}: ok, the reward did not rise")
+    print(
+        f"  reward:            {reward['first']:.3f} over the first {reward['window']} steps -> {reward['last']:.3f} "
+        f"over the last {reward['window']} ({len(curve)} steps: {', '.join(f'{v:.2f}' for v in curve.values())})"
+    )
+    print(f"  rollout-actor gap: {summary['rollout_actor_gap_max']:.2e} nat (largest step mean |Δ log-prob|)")
+    print(f"  vLLM sampler:      {summary['sampling']}")
+    print(f"  wall time:         {summary['wall_s']} s")
 
 
 def print_resume_summary(summary: dict[str, object]) -> None:

@@ -80,6 +80,29 @@ def check_learning(curve: Curve, min_rise: float) -> None:
 
 
 @dataclass(frozen=True)
+class Flat:
+    """What a control run's reward curve must show: no learning. Its last-window mean stays within ``max_rise`` of its
+    first and below ``last_below`` (the learning run ends above 0.7, :class:`Learning`)."""
+
+    max_rise: float = 0.2
+    last_below: float = 0.5
+
+
+FLAT = Flat()
+
+
+def check_flat(curve: Curve, control: str, flat: Flat = FLAT) -> None:
+    """A control run (``control`` says which) did not learn: the curve meets ``flat``."""
+    shown = ", ".join(f"{step}: {value:.2f}" for step, value in curve.rewards.items())
+    if curve.last - curve.first >= flat.max_rise or curve.last >= flat.last_below:
+        raise TrainingError(
+            f"the control run ({control}) learned: mean reward {curve.first:.3f} over the first {curve.window} steps, "
+            f"{curve.last:.3f} over the last (a control must rise by less than {flat.max_rise} and end below "
+            f"{flat.last_below}): something other than the reward signal moves the policy; curve: {shown}"
+        )
+
+
+@dataclass(frozen=True)
 class Learning:
     """What a learning rehearsal's reward curve must show besides its rise: it starts near the random model's base
     rate, ends well above it, and once learning is under way it never falls back to where it started (a step below

@@ -9,11 +9,13 @@ verl builds them, with Megatron DDP, the ``DistributedOptimizer``, Megatron's no
 
 Then it records, per worker process, the rollout lifecycle calls the worker makes (``lifecycle-<pid>.log`` under
 ``R1_ASCEND_REHEARSE_DIR``) so the rehearsal can assert their order, each actor update's expert load and expert
-bias (patch ``verl_moe_expert_load``'s listener) and the rollout engine's expert bias after every weight sync, so
-the rehearsal can check that every expert is used and that the engine follows the actor's bias
+bias (patch ``verl_moe_expert_load``'s listener), the rollout engine's expert bias after every weight sync and, after
+every generation, how often vLLM's ``Sampler.forward`` ran and which patch had replaced it, so the rehearsal can
+check that every expert is used, that the engine follows the actor's bias and that the overlay's sampler sampled
 (:mod:`r1_ascend.rehearse.expert_checks`). With ``R1_ASCEND_REHEARSE_ACTOR_FAULT`` set it plants that fault into
 the actor's and the reference's model once their weights are loaded; with ``R1_ASCEND_REHEARSE_ROLLOUT_FAULT`` the
-rollout engine plants that one (:mod:`r1_ascend.rehearse.rollout_faults`).
+rollout engine plants that one (:mod:`r1_ascend.rehearse.rollout_faults`); with
+``R1_ASCEND_REHEARSE_SHUFFLE_REWARDS=1`` the trainer permutes each training batch's rewards (the control).
 """
 
 from __future__ import annotations
@@ -67,6 +69,12 @@ def _record_engine_bias(rollout: Any) -> None:
     _record("engine_bias", bias=bias)
 
 
+def _record_sampling(rollout: Any) -> None:
+    """How the generation just done sampled: the calls of vLLM's ``Sampler.forward`` and the patch that replaced it
+    (the engine's :class:`r1_ascend.cpu.engine.SamplerCalls`)."""
+    _record("sampled", **rollout.inference_engine.sampler_calls.take())
+
+
 def _record_lifecycle() -> None:
     from r1_ascend.patches.vllm_rollout_offload import rollout_class
 
@@ -84,7 +92,9 @@ def _record_lifecycle() -> None:
         @functools.wraps(original)
         def generate(self: Any, prompts: Any, **kwargs: Any) -> Any:
             _record("generate", validate=bool(prompts.meta_info.get("validate", False)))
-            return original(self, prompts, **kwargs)
+            result = original(self, prompts, **kwargs)
+            _record_sampling(self)
+            return result
 
         generate.__r1_rehearse__ = True
         NPUOffloadVLLMRollout.generate_sequences = generate
@@ -210,6 +220,23 @@ def _plant_actor_fault() -> None:
     megatron_workers.load_mcore_dist_weights = load_mcore_dist_weights
 
 
+def _shuffle_rewards() -> None:
+    """``R1_ASCEND_REHEARSE_SHUFFLE_REWARDS=1`` (the control ``rehearse --shuffle-rewards``): the trainer's training
+    rewards permuted within each batch (r1_ascend.rehearse.reward_shuffle)."""
+    if not envs.rehearse_shuffle_rewards():
+        return
+    import verl.trainer.ppo.ray_trainer as ray_trainer
+
+    from r1_ascend.rehearse.reward_shuffle import shuffling
+
+    if getattr(ray_trainer.compute_reward, "__r1_rehearse__", False):
+        return
+    shuffled = shuffling(ray_trainer.compute_reward, envs.rehearse_seed())
+    shuffled.__r1_rehearse__ = True
+    ray_trainer.compute_reward = shuffled
+    _record("shuffle_rewards")
+
+
 def parse_dead_expert(spec: str) -> tuple[int, int]:
     """``dead-expert@LAYER:EXPERT`` -> (layer, expert), layers numbered as in the checkpoint."""
     name, _, where = spec.partition("@")
@@ -238,6 +265,7 @@ def install() -> None:
     _record_stages()
     _record_expert_load()
     _plant_actor_fault()
+    _shuffle_rewards()
     _record("stand-ins installed")
 
 

@@ -106,11 +106,8 @@ def test_routing_bias_is_kept_in_float32(model_dir: Path) -> None:
     assert llm.model.model.embed_tokens.weight.dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("dtype", list(DTYPES))
-def test_logprobs_equal_a_teacher_forced_forward(model_dir: Path, dtype: str) -> None:
-    """Each returned log-prob is log_softmax(logits / T) of the sampled token under a teacher-forced forward."""
-    llm = with_routing_bias(make_llm(model_dir, dtype, seed=3))
-    temperature = 0.9
+def worst_logprob_gap(llm: CPUStandInLLM, temperature: float, scale: float) -> float:
+    """Max |returned log-prob - log_softmax(teacher-forced logits / scale)| over 2 samples of each prompt."""
     params = SamplingParams(n=2, temperature=temperature, max_tokens=12, logprobs=0, ignore_eos=True)
     outputs = llm.generate(prompts(llm.hf_config.vocab_size), params)
     worst = 0.0
@@ -120,10 +117,31 @@ def test_logprobs_equal_a_teacher_forced_forward(model_dir: Path, dtype: str) ->
             assert len(tokens) == 12
             rollout = torch.tensor([entry[t].logprob for entry, t in zip(completion.logprobs, tokens, strict=True)])
             logits = teacher_forced_logits(llm.model, list(output.prompt_token_ids), tokens)
-            expected = (logits / temperature).log_softmax(-1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+            expected = (logits / scale).log_softmax(-1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
             worst = max(worst, float((rollout - expected).abs().max()))
             assert completion.cumulative_logprob == pytest.approx(float(rollout.sum()), abs=1e-4)
+    return worst
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_logprobs_equal_a_teacher_forced_forward(model_dir: Path, dtype: str) -> None:
+    """With the overlay's sampler patch (as in every rollout worker), each returned log-prob is log_softmax(logits / T)
+    of the sampled token under a teacher-forced forward: what the actor recomputes."""
+    apply_one(spec_by_name("verl_rollout_guard"))
+    llm = with_routing_bias(make_llm(model_dir, dtype, seed=3))
+    worst = worst_logprob_gap(llm, temperature=0.9, scale=0.9)
     assert worst <= LOGPROB_TOLERANCE[dtype], f"{dtype}: max |Δ log-prob| {worst:.3g}"
+    assert llm.sampler_calls.take() == {"calls": 12, "patched_by": ["verl_rollout_guard"]}  # 12 steps, one batch
+
+
+def test_without_the_overlays_patch_vllm_returns_log_probs_of_the_raw_logits(model_dir: Path) -> None:
+    """The engine samples through vLLM's own Sampler: unpatched, vLLM 0.9.1 reports log-probs of the logits before
+    temperature (what the overlay's patch exists for), and the record says the upstream forward ran."""
+    llm = with_routing_bias(make_llm(model_dir, seed=3))
+    assert worst_logprob_gap(llm, temperature=0.9, scale=1.0) <= LOGPROB_TOLERANCE["float32"]
+    assert worst_logprob_gap(llm, temperature=0.9, scale=0.9) > 0.01
+    assert llm.sampler_calls.take()["patched_by"] == ["upstream"]
+    assert llm.sampler_calls.take() == {"calls": 0, "patched_by": []}
 
 
 def test_greedy_is_deterministic_and_follows_teacher_forced_argmax(model_dir: Path) -> None:
@@ -152,19 +170,6 @@ def test_top_k_and_top_p_are_applied(model_dir: Path) -> None:
         assert samples(sampled) == greedy, narrow
     wide = samples(llm.generate(batch, SamplingParams(temperature=5.0, max_tokens=8, ignore_eos=True)))
     assert wide != greedy
-
-
-def test_top_k_top_p_mask_semantics() -> None:
-    """The nucleus is the smallest most-likely set reaching top_p; top_k keeps the k largest; both off by default."""
-    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    kept = lambda k, p: torch.isfinite(cpu_engine.top_k_top_p_mask(logits, k, p))[0].tolist()  # noqa: E731
-    assert kept(0, 1.0) == [True] * 4
-    assert kept(-1, 1.0) == [True] * 4
-    assert kept(2, 1.0) == [True, True, False, False]
-    assert kept(0, 0.5) == [True, False, False, False]
-    assert kept(0, 0.79) == [True, True, False, False]
-    assert kept(0, 0.81) == [True, True, True, False]
-    assert kept(1, 0.99) == [True, False, False, False]
 
 
 def test_unsupported_sampling_parameters_are_refused(model_dir: Path) -> None:

@@ -96,6 +96,7 @@ def test_rehearsal_runs_kills_resumes_and_reports(tmp_path: Path, weights: Path)
     assert summary["reward"]["first"] <= 0.3, summary["reward_curve"]
     assert summary["reward"]["last"] >= 0.6, summary["reward_curve"]
     assert summary["rollout_actor_gap_max"] < 0.05
+    assert "sampled by vLLM's Sampler.forward as verl_rollout_guard replaced it" in summary["sampling"]
     left = subprocess.run(["pgrep", "-f", summary["ray_temp_dir"]], capture_output=True, text=True, check=False)
     assert left.stdout.split() == [], f"processes left under {summary['ray_temp_dir']}"
     if summary["netns"]:
@@ -104,16 +105,32 @@ def test_rehearsal_runs_kills_resumes_and_reports(tmp_path: Path, weights: Path)
 
 
 @pytest.mark.slow
-def test_learning_rate_zero_does_not_raise_the_reward(tmp_path: Path, weights: Path) -> None:
-    """The control: the same rehearsal at learning rate 0 trains nothing, so the reward stays at its base rate."""
-    out = tmp_path / "rehearse-lr0"
-    cmd = [sys.executable, "-m", "r1_ascend.cli", "rehearse", "--output-dir", str(out), "--lr", "0"]
+@pytest.mark.parametrize(
+    ("argv", "control"), [(["--lr", "0"], "lr0"), (["--shuffle-rewards"], "shuffled-rewards")], ids=["lr0", "shuffled"]
+)
+def test_a_control_run_does_not_raise_the_reward(tmp_path: Path, weights: Path, argv: list[str], control: str) -> None:
+    """The controls: the same rehearsal at learning rate 0 trains nothing, and with each batch's rewards permuted
+    across its responses the updates carry no signal; in both the reward stays at its base rate (the command's own
+    verdict, ``training.check_flat``, checked again here from the summary)."""
+    out = tmp_path / f"rehearse-{control}"
+    cmd = [sys.executable, "-m", "r1_ascend.cli", "rehearse", "--output-dir", str(out), *argv]
     cmd += ["--weights", str(weights)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
     assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
-    reward = json.loads((out / "summary.json").read_text())["reward"]
+    summary = json.loads((out / f"summary-control-{control}.json").read_text())
+    reward = summary["reward"]
+    assert summary["control"] == {"name": control, "verdict": "did not learn"}
+    assert len(summary["reward_curve"]) == 10, summary["reward_curve"]
     assert reward["last"] - reward["first"] < 0.2, reward
     assert reward["last"] < 0.5, reward
+    assert "sampled by vLLM's Sampler.forward as verl_rollout_guard replaced it" in summary["sampling"]
+    shuffled = [e for e in _records(out) if e["event"] == "shuffle_rewards"]
+    assert bool(shuffled) is (control == "shuffled-rewards")
+
+
+def _records(out: Path) -> list[dict]:
+    lines = (line for path in (out / "lifecycle").glob("*.log") for line in path.read_text().splitlines())
+    return [json.loads(line) for line in lines if line.strip()]
 
 
 @pytest.mark.slow

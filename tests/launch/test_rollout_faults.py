@@ -112,3 +112,36 @@ def test_a_per_expert_fault_needs_a_generation_first(model_dir: Path, monkeypatc
     llm = _engine(model_dir, monkeypatch, "expert-swap@1")
     with pytest.raises(ValueError, match="sync after a generation"):
         _sync(llm, _weights(llm, 1))
+
+
+def test_sampler_unpatched_keeps_the_tokens_and_reports_raw_logit_log_probs(model_dir: Path, monkeypatch) -> None:
+    """Planted in sync 2: from then on the same tokens as a healthy engine, reported with vLLM's unpatched log-probs
+    (those of the logits before temperature), and the engine's record names upstream's forward."""
+    from r1_ascend.patches import apply_one, spec_by_name
+
+    apply_one(spec_by_name("verl_rollout_guard"))  # as in every rollout worker
+    llm = _engine(model_dir, monkeypatch, "sampler-unpatched@2")
+    reference = _engine(model_dir, monkeypatch)
+    weights = _weights(llm, 1)
+    params = SamplingParams(n=2, max_tokens=6, temperature=0.5, logprobs=0, ignore_eos=True)
+
+    def generate(engine: CPUStandInLLM) -> tuple[list[list[int]], list[float]]:
+        engine.generator.manual_seed(3)
+        completions = [
+            c for o in engine.generate([{"prompt_token_ids": p} for p in PROMPTS], params) for c in o.outputs
+        ]
+        return [list(c.token_ids) for c in completions], [c.cumulative_logprob for c in completions]
+
+    for sync in (1, 2):
+        for engine in (llm, reference):
+            _sync(engine, weights)
+        ours, theirs = generate(llm), generate(reference)
+        assert ours[0] == theirs[0]
+        assert (ours[1] == theirs[1]) == (sync == 1)
+        assert llm.sampler_calls.take()["patched_by"] == ["verl_rollout_guard" if sync == 1 else "upstream"]
+    raw = _logits(llm)[0, len(PROMPTS[0]) - 1].log_softmax(-1)
+    scaled = (_logits(llm)[0, len(PROMPTS[0]) - 1] / 0.5).log_softmax(-1)
+    first = llm.generate([{"prompt_token_ids": PROMPTS[0]}], params)[0].outputs[0]
+    token = first.token_ids[0]
+    assert first.logprobs[0][token].logprob == pytest.approx(float(raw[token]), abs=1e-5)
+    assert float(raw[token]) != pytest.approx(float(scaled[token]), abs=1e-3)
