@@ -32,7 +32,8 @@ STAND_INS: tuple[tuple[str, str, str], ...] = (
     (
         "vLLM engine",
         "verl.workers.rollout.vllm_rollout.vllm_rollout_spmd.LLM -> CPUStandInLLM (transformers' DeepSeek-V3)",
-        "the pinned vLLM wheel has no CPU backend; engine core, KV-cache init and MLA impls stay upstream code",
+        "the pinned vLLM wheel has no CPU backend; engine core, KV-cache init, MLA impls and the sampling (InputBatch, "
+        "Sampler with the overlay's patch, LogprobsProcessor) stay upstream code",
     ),
 )
 

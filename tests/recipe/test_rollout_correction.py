@@ -8,6 +8,8 @@ the on-policy shortcut (which skips that pass) turns itself off. Real: the compo
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -33,6 +35,13 @@ def test_switching_it_on_switches_the_onpolicy_shortcut_off() -> None:
     active, reasons = shortcut_decision(compose("grpo_deepseekv3_671b", ON))
     assert not active
     assert any("rollout_is=token" in reason for reason in reasons)
+
+
+@functools.cache
+def _composed(*overrides: str) -> object:
+    """The 671B config with ``overrides``, composed once per set (Hydra takes about a second per compose; the
+    property below reads it for each of its examples)."""
+    return compose("grpo_deepseekv3_671b", list(overrides))
 
 
 def _batch(old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor) -> object:
@@ -67,11 +76,11 @@ def test_the_loss_changes_as_documented(seed: int, threshold: float) -> None:
     mask = (torch.rand(4, 6, generator=g) > 0.2).long()
     mask[:, 0] = 1
 
-    off = compose("grpo_deepseekv3_671b")
+    off = _composed()
     batch, _ = compute_rollout_correction_and_add_to_batch(_batch(old, rollout, mask), off.algorithm.rollout_correction)
     assert "rollout_is_weights" not in batch.batch
 
-    on = compose("grpo_deepseekv3_671b", [*ON, f"algorithm.rollout_correction.rollout_is_threshold={threshold}"])
+    on = _composed(*ON, f"algorithm.rollout_correction.rollout_is_threshold={threshold}")
     batch, _ = compute_rollout_correction_and_add_to_batch(_batch(old, rollout, mask), on.algorithm.rollout_correction)
     weights = batch.batch["rollout_is_weights"]
     expected = torch.clamp(torch.exp(old - rollout), max=threshold) * mask
