@@ -460,7 +460,7 @@ class VLLMSampler:
         self.batch = InputBatch(
             max_num_reqs=len(prompts),
             max_model_len=max_model_len,
-            max_num_batched_tokens=max_model_len * len(prompts),
+            max_num_batched_tokens=len(prompts),  # a decode step's tokens: one per request
             device=torch.device("cpu"),
             pin_memory=False,
             vocab_size=vocab_size,
