@@ -7,6 +7,8 @@ checks its targets against the pinned upstream source before installing:
   CUDA RNG tracker, ...), each with its upstream ``file:line``;
 - :mod:`r1_ascend.cpu.engine`: ``CPUStandInLLM``, the stand-in for ``vllm.LLM`` (the pinned vLLM wheel has no CPU
   backend), around vLLM's and vllm-ascend's real engine core, KV-cache set-up and MLA implementations;
+- :mod:`r1_ascend.cpu.vllm_deepseek`: the DeepSeek-V3 class vLLM's registry resolves once vllm-ascend registers
+  (``CustomDeepseekV3ForCausalLM``), built on the CPU so HF-named weights go through its own ``load_weights``;
 - :mod:`r1_ascend.cpu.workers`: the device calls of verl's Megatron workers (collective backend, the ``torch.cpu``
   device API) and :func:`r1_ascend.cpu.workers.install`, which installs all three in a process.
 

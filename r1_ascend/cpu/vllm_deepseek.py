@@ -1,0 +1,222 @@
+"""vLLM's own DeepSeek-V3 model class, built on the CPU, so HF-named weights go through its ``load_weights``.
+
+On the cluster the rollout's weights reach the class vLLM's model registry resolves for ``DeepseekV3ForCausalLM``
+once vllm-ascend has registered its models: ``vllm_ascend.models.deepseek_v2.CustomDeepseekV3ForCausalLM``
+(``vllm_ascend/models/__init__.py:57-59``). Its ``load_weights`` (``deepseek_v2.py:863``) is vLLM's
+``DeepseekV2ForCausalLM.load_weights`` (``vllm/model_executor/models/deepseek_v2.py:741``): ``gate_proj`` and
+``up_proj`` stacked into ``gate_up_proj``, every routed expert's three matrices into ``FusedMoE``'s ``w13_weight`` /
+``w2_weight`` through ``FusedMoE.weight_loader`` (``fused_moe/layer.py:1124``), which drops the experts another EP
+rank owns. :func:`build` makes that class here; :func:`hf_tensors` reads its parameters back under the HF names,
+in the layout vLLM's MoE and MLP kernels read them (the gate in the first half of ``w13`` and of ``gate_up_proj``).
+
+Real: the registry's choice, the model's module tree and shapes, every ``weight_loader``, the TP / EP group
+coordinators (gloo). Stood in, all at device-only calls made while the model is built:
+
+- vllm-ascend puts tensors on ``"npu"`` by name (``_set_cos_sin_cache(..., device="npu")``,
+  ``vllm_ascend/ops/rotary_embedding.py:279``; the platform's ``device_type``/``device_name`` in vLLM's group
+  coordinator and rotary embeddings). torch's PrivateUse1 backend is named ``"npu"`` here, as ``torch_npu`` names
+  it, so those device strings parse; :class:`NPUOnCPU` then allocates what is asked for on ``"npu"`` on the CPU.
+- the accelerator torch's collectives ask for (``torch._C._get_accelerator``, in every ``dist.barrier``) is the
+  CPU: the renamed backend has no C++ hooks, which only torch_npu registers.
+- the process groups carry gloo for the ``npu`` device type too, so ``AscendUnquantizedFusedMoEMethod`` asking the
+  group for its HCCL communicator's name (``vllm_ascend/ops/fused_moe.py:989``) takes its own ``AttributeError``
+  branch (no name), as on any backend without HCCL.
+
+:func:`check_targets` fails loudly when a release moves these lines.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+#: The device type torch_npu registers as torch's PrivateUse1 backend.
+NPU = "npu"
+#: Process-group backends by device type: gloo for both, so the HCCL-only lookups find no HCCL communicator.
+GROUP_BACKEND = "cpu:gloo,npu:gloo"
+#: The architecture verl's DeepSeek-V3 checkpoints name in ``config.json``.
+ARCHITECTURE = "DeepseekV3ForCausalLM"
+#: Upstream lines the stand-ins answer: (module, function or class, text it must still contain).
+TARGETS = (
+    ("vllm_ascend.ops.rotary_embedding", "deepseek_rope_init_func", 'device="npu"'),
+    ("vllm_ascend.ops.fused_moe", "AscendUnquantizedFusedMoEMethod", '_get_backend(torch.device("npu"))'),
+    ("vllm.model_executor.layers.fused_moe.layer", "FusedMoE", "_map_global_expert_id_to_local_expert_id"),
+)
+
+
+class UpstreamDriftError(RuntimeError):
+    """An upstream line the CPU build of vLLM's model stands in for has changed."""
+
+
+def check_targets() -> None:
+    """Raise :class:`UpstreamDriftError` naming each stood-in upstream line that is no longer there."""
+    import importlib
+
+    missing = []
+    for module_name, attribute, text in TARGETS:
+        source = inspect.getsource(getattr(importlib.import_module(module_name), attribute))
+        if text not in source:
+            missing.append(f"{module_name}.{attribute} no longer contains {text!r}")
+    if missing:
+        msg = (
+            "the CPU build of vLLM's DeepSeek model stands in for upstream lines that moved: "
+            + "; ".join(missing)
+            + ". Re-read the pinned vllm / vllm-ascend sources and update r1_ascend/cpu/vllm_deepseek.py."
+        )
+        raise UpstreamDriftError(msg)
+
+
+def _no_accelerator() -> torch.device:
+    return torch.device("cpu")
+
+
+def name_npu_backend() -> None:
+    """Name torch's PrivateUse1 backend ``"npu"`` (what torch_npu does), once per process.
+
+    torch_npu also registers the backend's C++ hooks, which no Python code can; without them torch's question "which
+    accelerator does this machine have" (``torch._C._get_accelerator``, asked by every ``dist.barrier``) raises.
+    It is answered here as on any machine without one: the CPU."""
+    if torch._C._get_privateuse1_backend_name() != NPU:
+        torch.utils.rename_privateuse1_backend(NPU)
+    try:
+        torch._C._get_accelerator()
+    except RuntimeError:
+        torch._C._get_accelerator = _no_accelerator
+
+
+def _on_cpu(value: Any) -> Any:
+    if isinstance(value, torch.device):
+        device_type = value.type
+    else:
+        device_type = value.split(":")[0] if isinstance(value, str) else ""
+    return torch.device("cpu") if device_type == NPU else value
+
+
+class NPUOnCPU(TorchFunctionMode):
+    """Every tensor asked for on ``"npu"`` (``device=`` or ``Tensor.to``) is made on the CPU instead."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = dict(kwargs or {})
+        if "device" in kwargs:
+            kwargs["device"] = _on_cpu(kwargs["device"])
+        if func is torch.Tensor.to:
+            args = tuple(_on_cpu(arg) for arg in args)
+        return func(*args, **kwargs)
+
+
+def register_in_process(architecture: str = ARCHITECTURE) -> type[torch.nn.Module]:
+    """vllm-ascend's registration, with the registry's class for ``architecture`` imported in this process.
+
+    vllm-ascend registers its models by name; vLLM then inspects such a class in a fresh interpreter (``registry.py``
+    ``_LazyRegisteredModel.inspect_model_cls``, "to avoid initializing CUDA"), about 20 s of imports here for no
+    device. The class the registry names is loaded here and registered as the class itself (vLLM's own
+    ``_RegisteredModel`` path): the same class, inspected in process."""
+    from vllm import ModelRegistry
+    from vllm_ascend.models import register_model
+
+    register_model()
+    cls = ModelRegistry.models[architecture].load_model_cls()
+    ModelRegistry.register_model(architecture, cls)
+    return cls
+
+
+def vllm_config(model_dir: Path, dtype: torch.dtype, *, expert_parallel: bool = False, max_model_len: int = 512) -> Any:
+    """The ``VllmConfig`` of a rollout engine for ``model_dir`` (eager: vllm-ascend runs DeepSeek eager or torchair)."""
+    from vllm.config import DeviceConfig, LoadConfig, ModelConfig, ParallelConfig, VllmConfig
+
+    register_in_process()
+    model = ModelConfig(
+        model=str(model_dir),
+        tokenizer=str(model_dir),
+        skip_tokenizer_init=True,
+        dtype=dtype,
+        seed=0,
+        max_model_len=max_model_len,
+        enforce_eager=True,
+    )
+    return VllmConfig(
+        model_config=model,
+        device_config=DeviceConfig("cpu"),
+        load_config=LoadConfig(load_format="dummy"),
+        parallel_config=ParallelConfig(enable_expert_parallel=expert_parallel),
+    )
+
+
+def init_groups(config: Any, world_size: int, rank: int, init_method: str) -> None:
+    """vLLM's world, TP and EP group coordinators and vllm-ascend's MC2 / LM-head groups, as its NPU worker builds
+    them (``vllm_ascend/worker/worker_v1.py:301-308``), over gloo: TP is the whole world here."""
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import parallel_state
+    from vllm_ascend.distributed.parallel_state import init_ascend_model_parallel
+
+    name_npu_backend()
+    with set_current_vllm_config(config):
+        parallel_state.init_distributed_environment(world_size, rank, init_method, rank, GROUP_BACKEND)
+        parallel_state.initialize_model_parallel(world_size, 1, GROUP_BACKEND)
+        parallel = config.parallel_config
+        init_ascend_model_parallel(parallel.expert_parallel_size, parallel.lmhead_tp_size)
+
+
+def model_class(config: Any) -> type[torch.nn.Module]:
+    """The class vLLM's registry resolves for the config's architecture (vllm-ascend's, once it is registered)."""
+    from vllm.model_executor.model_loader.utils import get_model_architecture
+
+    register_in_process()
+    cls, _ = get_model_architecture(config.model_config)
+    return cls
+
+
+def build(config: Any) -> torch.nn.Module:
+    """The registry's DeepSeek-V3 class for ``config``, on the CPU in the config's dtype (call :func:`init_groups`
+    first)."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.utils import set_default_torch_dtype
+
+    check_targets()
+    name_npu_backend()
+    cls = model_class(config)
+    with set_current_vllm_config(config), set_default_torch_dtype(config.model_config.dtype), NPUOnCPU():
+        model = cls(vllm_config=config)
+    return model.eval()
+
+
+def _fused_experts(module: Any) -> dict[int, int]:
+    """Global expert id -> this rank's slot in ``w13_weight`` / ``w2_weight`` (every expert without EP)."""
+    expert_map = getattr(module, "expert_map", None)
+    if expert_map is None:
+        return {expert: expert for expert in range(module.global_num_experts)}
+    return {expert: int(slot) for expert, slot in enumerate(expert_map.tolist()) if slot >= 0}
+
+
+def hf_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's weights under the HF checkpoint names, split as vLLM's kernels read them.
+
+    ``gate_up_proj`` and ``w13_weight`` hold the gate in their first half (``SiluAndMul`` and the fused MoE take
+    ``x[..., :d]`` as the gate); ``w2_weight[slot]`` is the expert's ``down_proj``. Under EP only this rank's experts
+    appear."""
+    from vllm.model_executor.layers.fused_moe import FusedMoE
+
+    tensors: dict[str, torch.Tensor] = {}
+    for prefix, module in model.named_modules():
+        if isinstance(module, FusedMoE):
+            w13, w2 = module.w13_weight.data, module.w2_weight.data
+            half = w13.shape[1] // 2
+            for expert, slot in _fused_experts(module).items():
+                base = f"{prefix}.{expert}"
+                tensors[f"{base}.gate_proj.weight"] = w13[slot, :half]
+                tensors[f"{base}.up_proj.weight"] = w13[slot, half:]
+                tensors[f"{base}.down_proj.weight"] = w2[slot]
+    for name, param in model.named_parameters():
+        if ".experts.w13_weight" in name or ".experts.w2_weight" in name:
+            continue
+        if ".gate_up_proj." in name:
+            half = param.shape[0] // 2
+            tensors[name.replace("gate_up_proj", "gate_proj")] = param.data[:half]
+            tensors[name.replace("gate_up_proj", "up_proj")] = param.data[half:]
+        else:
+            tensors[name] = param.data
+    return tensors

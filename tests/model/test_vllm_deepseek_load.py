@@ -1,0 +1,118 @@
+"""The rollout's weights through vLLM's own DeepSeek-V3 ``load_weights`` (vllm-ascend's class, built on the CPU):
+every HF tensor verl exports lands where vLLM's kernels read it, at TP 1 and under EP 2, and each planted layout
+fault (gate/up swapped, an expert transposed, experts in the wrong EP slot) is either refused or shows up."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from r1_ascend.weights.tiny import deepseek_v3_config
+
+pytestmark = pytest.mark.slow
+
+CHILD = Path(__file__).with_name("vllm_deepseek_child.py")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("vllm-deepseek")
+    config = deepseek_v3_config()
+    config.pop("quantization_config")  # the BF16 checkpoint the rollout loads
+    (path / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    return path
+
+
+def run_world(model_dir: Path, world: int, tmp_path: Path) -> list[dict]:
+    from r1_ascend.rehearse.cluster import SITE
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SITE), os.environ.get("PYTHONPATH", "")]))}
+    port = str(free_port())
+    outs = [tmp_path / f"rank{rank}.json" for rank in range(world)]
+    children = [
+        subprocess.Popen(
+            [sys.executable, str(CHILD), str(model_dir), str(world), str(rank), port, str(out)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank, out in enumerate(outs)
+    ]
+    logs = [child.communicate(timeout=600)[0] for child in children]
+    for child, log in zip(children, logs, strict=True):
+        assert child.returncode == 0, log[-3000:]
+    return [json.loads(out.read_text(encoding="utf-8")) for out in outs]
+
+
+@pytest.fixture(scope="module")
+def tp1(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return run_world(model_dir, 1, tmp_path_factory.mktemp("tp1"))[0]
+
+
+@pytest.fixture(scope="module")
+def ep2(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    return run_world(model_dir, 2, tmp_path_factory.mktemp("ep2"))
+
+
+def test_the_registry_builds_vllm_ascends_deepseek_class(tp1: dict) -> None:
+    assert tp1["class"] == "vllm_ascend.models.deepseek_v2.CustomDeepseekV3ForCausalLM"
+
+
+def test_every_exported_tensor_lands_where_vllm_reads_it(tp1: dict) -> None:
+    healthy = tp1["healthy"]
+    assert "load_error" not in healthy
+    assert healthy["unloaded"] == []
+    assert healthy["missing"] == []
+    assert healthy["differ"] == []
+
+
+def test_the_routing_bias_is_held_in_the_model_dtype(tp1: dict) -> None:
+    # vllm-ascend 0.9.1 (deepseek_v2.py:295-298) keeps e_score_correction_bias in float32 only with torchair's
+    # super kernel; in eager mode it is bf16, while the actor and the checkpoint hold it in float32
+    biases = {name: dtype for name, dtype in tp1["dtypes"].items() if name.endswith("e_score_correction_bias")}
+    assert biases
+    assert set(biases.values()) == {"torch.bfloat16"}
+
+
+def test_a_gate_up_swap_is_seen_in_every_expert(tp1: dict) -> None:
+    swapped = tp1["w13-swap"]
+    assert "load_error" not in swapped
+    experts = [name for name in swapped["experts"] if name.endswith(("gate_proj.weight", "up_proj.weight"))]
+    assert swapped["differ"] == sorted(experts)
+
+
+def test_a_transposed_expert_is_refused_by_the_loader(tp1: dict) -> None:
+    # the tiny model's experts are not square, so FusedMoE.weight_loader cannot copy a transposed one
+    assert "load_error" in tp1["transposed-expert"], tp1["transposed-expert"]
+
+
+def test_under_ep_2_each_rank_holds_half_the_experts_and_together_all(ep2: list[dict]) -> None:
+    held = [set(rank["healthy"]["experts"]) for rank in ep2]
+    assert all(rank["healthy"]["differ"] == [] for rank in ep2)
+    assert held[0].isdisjoint(held[1])
+    config = deepseek_v3_config()
+    moe_layers = config["num_hidden_layers"] - config["first_k_dense_replace"]
+    assert len(held[0] | held[1]) == moe_layers * config["n_routed_experts"] * 3
+    assert len(held[0]) == len(held[1])
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_experts_in_the_wrong_ep_slot_are_seen(world: int, tp1: dict, ep2: list[dict]) -> None:
+    ranks = [tp1] if world == 1 else ep2
+    for rank in ranks:
+        wrong = rank["wrong-ep-rank"]
+        assert "load_error" not in wrong
+        assert wrong["differ"], "experts loaded into shifted slots read back as the source"
