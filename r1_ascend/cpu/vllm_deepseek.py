@@ -7,7 +7,9 @@ once vllm-ascend has registered its models: ``vllm_ascend.models.deepseek_v2.Cus
 ``up_proj`` stacked into ``gate_up_proj``, every routed expert's three matrices into ``FusedMoE``'s ``w13_weight`` /
 ``w2_weight`` through ``FusedMoE.weight_loader`` (``fused_moe/layer.py:1124``), which drops the experts another EP
 rank owns. :func:`build` makes that class here; :func:`hf_tensors` reads its parameters back under the HF names,
-in the layout vLLM's MoE and MLP kernels read them (the gate in the first half of ``w13`` and of ``gate_up_proj``).
+whole (TP shards and EP ranks' experts gathered, each expert from the rank and slot its expert map names), in the
+layout vLLM's MoE and MLP kernels read them (the gate in the first half of ``w13`` and of ``gate_up_proj``): what a
+decoder that holds the whole model, as the CPU engine does, must be given.
 
 Real: the registry's choice, the model's module tree and shapes, every ``weight_loader``, the TP / EP group
 coordinators (gloo). Stood in, all at device-only calls made while the model is built:
@@ -184,39 +186,112 @@ def build(config: Any) -> torch.nn.Module:
     return model.eval()
 
 
-def _fused_experts(module: Any) -> dict[int, int]:
-    """Global expert id -> this rank's slot in ``w13_weight`` / ``w2_weight`` (every expert without EP)."""
-    expert_map = getattr(module, "expert_map", None)
-    if expert_map is None:
-        return {expert: expert for expert in range(module.global_num_experts)}
-    return {expert: int(slot) for expert, slot in enumerate(expert_map.tolist()) if slot >= 0}
+def _gather(tensor: torch.Tensor, dim: int, coordinator: Any) -> torch.Tensor:
+    """``tensor`` of every rank of a vLLM group coordinator, concatenated along ``dim`` in rank order (gloo)."""
+    if coordinator.world_size == 1:
+        return tensor
+    parts = [torch.empty_like(tensor) for _ in range(coordinator.world_size)]
+    torch.distributed.all_gather(parts, tensor.contiguous(), group=coordinator.cpu_group)
+    return torch.cat(parts, dim=dim)
+
+
+def _gather_halves(tensor: torch.Tensor, dim: int, coordinator: Any) -> torch.Tensor:
+    """A stacked gate/up shard (gate rows first, then up rows, along ``dim``) gathered into the whole stack."""
+    gate, up = tensor.chunk(2, dim=dim)
+    return torch.cat([_gather(gate, dim, coordinator), _gather(up, dim, coordinator)], dim=dim)
+
+
+def _whole_linear(module: Any, weight: torch.Tensor) -> torch.Tensor:
+    """A linear layer's weight as one matrix: shards of the TP group put back together in rank order."""
+    from vllm.distributed import get_tp_group
+    from vllm.model_executor.layers.linear import (
+        ColumnParallelLinear,
+        MergedColumnParallelLinear,
+        RowParallelLinear,
+    )
+
+    if isinstance(module, MergedColumnParallelLinear):
+        return _gather_halves(weight, 0, get_tp_group())
+    if isinstance(module, ColumnParallelLinear):
+        return _gather(weight, 0, get_tp_group())
+    if isinstance(module, RowParallelLinear):
+        return _gather(weight, 1, get_tp_group())
+    return weight
+
+
+def _whole_vocab(module: Any, weight: torch.Tensor) -> torch.Tensor:
+    """A vocab-parallel embedding or LM head (vllm-ascend's over its own LM-head group), padding rows dropped."""
+    from vllm.distributed import get_tp_group
+    from vllm_ascend.distributed.parallel_state import get_lmhead_group
+    from vllm_ascend.ops.lmhead import CustomParallelLMHead
+
+    group = get_lmhead_group() if isinstance(module, CustomParallelLMHead) else get_tp_group()
+    return _gather(weight, 0, group)[: module.org_vocab_size]
+
+
+def _whole_experts(module: Any, prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(w13, w2)`` of every expert in global order: slots of every EP rank placed by that rank's expert map,
+    intermediate shards of the MoE's TP group put back together."""
+    from vllm.distributed import get_ep_group, get_tp_group
+
+    w13, w2 = module.w13_weight.data, module.w2_weight.data
+    if module.tp_size > 1:
+        w13, w2 = _gather_halves(w13, 1, get_tp_group()), _gather(w2, 2, get_tp_group())
+    experts = module.global_num_experts
+    expert_map = module.expert_map if module.expert_map is not None else torch.arange(experts)
+    if module.ep_size == 1:
+        slots = expert_map.tolist()
+        return w13[slots], w2[slots]
+    group = get_ep_group()
+    maps = _gather(expert_map.to(torch.int64).unsqueeze(0), 0, group)
+    all_w13 = _gather(w13.unsqueeze(0), 0, group)
+    all_w2 = _gather(w2.unsqueeze(0), 0, group)
+    whole13, whole2 = [], []
+    for expert in range(experts):
+        owners = (maps[:, expert] >= 0).nonzero().flatten().tolist()
+        if len(owners) != 1:
+            msg = f"expert {expert} of {prefix} is held by EP ranks {owners}, expected exactly one"
+            raise ValueError(msg)
+        slot = int(maps[owners[0], expert])
+        whole13.append(all_w13[owners[0], slot])
+        whole2.append(all_w2[owners[0], slot])
+    return torch.stack(whole13), torch.stack(whole2)
 
 
 def hf_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The model's weights under the HF checkpoint names, split as vLLM's kernels read them.
+    """The model's weights under the HF checkpoint names, whole, split as vLLM's kernels read them.
 
-    ``gate_up_proj`` and ``w13_weight`` hold the gate in their first half (``SiluAndMul`` and the fused MoE take
-    ``x[..., :d]`` as the gate); ``w2_weight[slot]`` is the expert's ``down_proj``. Under EP only this rank's experts
-    appear."""
+    A collective over the model's TP, EP and LM-head groups: every rank calls it, and every rank gets every tensor.
+    Shards are put back together in rank order; each expert comes from the EP rank whose expert map owns it, from
+    the slot that map names (the slot its kernels route the expert's tokens to). ``gate_up_proj`` and ``w13`` hold
+    the gate in their first half (``SiluAndMul`` and the fused MoE take ``x[..., :d]`` as the gate); ``w2[e]`` is
+    expert ``e``'s ``down_proj``."""
     from vllm.model_executor.layers.fused_moe import FusedMoE
+    from vllm.model_executor.layers.linear import LinearBase
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
     tensors: dict[str, torch.Tensor] = {}
     for prefix, module in model.named_modules():
         if isinstance(module, FusedMoE):
-            w13, w2 = module.w13_weight.data, module.w2_weight.data
+            w13, w2 = _whole_experts(module, prefix)
             half = w13.shape[1] // 2
-            for expert, slot in _fused_experts(module).items():
+            for expert in range(w13.shape[0]):
                 base = f"{prefix}.{expert}"
-                tensors[f"{base}.gate_proj.weight"] = w13[slot, :half]
-                tensors[f"{base}.up_proj.weight"] = w13[slot, half:]
-                tensors[f"{base}.down_proj.weight"] = w2[slot]
-    for name, param in model.named_parameters():
-        if ".experts.w13_weight" in name or ".experts.w2_weight" in name:
+                tensors[f"{base}.gate_proj.weight"] = w13[expert, :half]
+                tensors[f"{base}.up_proj.weight"] = w13[expert, half:]
+                tensors[f"{base}.down_proj.weight"] = w2[expert]
             continue
-        if ".gate_up_proj." in name:
-            half = param.shape[0] // 2
-            tensors[name.replace("gate_up_proj", "gate_proj")] = param.data[:half]
-            tensors[name.replace("gate_up_proj", "up_proj")] = param.data[half:]
-        else:
-            tensors[name] = param.data
+        for name, param in module.named_parameters(recurse=False):
+            full = f"{prefix}.{name}" if prefix else name
+            data = param.data
+            if isinstance(module, LinearBase) and name == "weight":
+                data = _whole_linear(module, data)
+            elif isinstance(module, VocabParallelEmbedding) and name == "weight":
+                data = _whole_vocab(module, data)
+            if ".gate_up_proj." in full:
+                gate, up = data.chunk(2, dim=0)
+                tensors[full.replace("gate_up_proj", "gate_proj")] = gate
+                tensors[full.replace("gate_up_proj", "up_proj")] = up
+            else:
+                tensors[full] = data
     return tensors

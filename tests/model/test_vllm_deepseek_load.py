@@ -99,14 +99,24 @@ def test_a_transposed_expert_is_refused_by_the_loader(tp1: dict) -> None:
     assert "load_error" in tp1["transposed-expert"], tp1["transposed-expert"]
 
 
+def test_under_tp_2_and_ep_2_every_tensor_is_whole_again(ep2: list[dict]) -> None:
+    for rank in ep2:
+        healthy = rank["healthy"]
+        assert "load_error" not in healthy
+        assert healthy["unloaded"] == []
+        assert healthy["missing"] == []
+        assert healthy["differ"] == []
+
+
 def test_under_ep_2_each_rank_holds_half_the_experts_and_together_all(ep2: list[dict]) -> None:
-    held = [set(rank["healthy"]["experts"]) for rank in ep2]
-    assert all(rank["healthy"]["differ"] == [] for rank in ep2)
-    assert held[0].isdisjoint(held[1])
     config = deepseek_v3_config()
-    moe_layers = config["num_hidden_layers"] - config["first_k_dense_replace"]
-    assert len(held[0] | held[1]) == moe_layers * config["n_routed_experts"] * 3
-    assert len(held[0]) == len(held[1])
+    layers = ep2[0]["healthy"]["held"].keys()
+    assert len(layers) == config["num_hidden_layers"] - config["first_k_dense_replace"]
+    for layer in layers:
+        held = [set(rank["healthy"]["held"][layer]) for rank in ep2]
+        assert held[0].isdisjoint(held[1])
+        assert held[0] | held[1] == set(range(config["n_routed_experts"]))
+        assert len(held[0]) == len(held[1])
 
 
 @pytest.mark.parametrize("world", [1, 2])

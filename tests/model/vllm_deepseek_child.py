@@ -55,16 +55,24 @@ def load_case(model: torch.nn.Module, source: dict[str, torch.Tensor], fault: st
     # the kernels route by the layer's own expert map: read back with it, whatever the loader used
     for module, expert_map in maps.items():
         module.expert_map = expert_map
-    if loaded is not None:
+    # the read-back is a collective: every rank reads back only if every rank loaded
+    refused = torch.tensor([int(loaded is None)])
+    torch.distributed.all_reduce(refused)
+    if loaded is None or int(refused) > 0:
+        report.setdefault("load_error", "refused on another rank")
+    else:
         report["unloaded"] = sorted(name for name, _ in model.named_parameters() if name not in loaded)
         tensors = vllm_deepseek.hf_tensors(model)
         report["experts"] = sorted(name for name in tensors if ".experts." in name)
         report["differ"] = sorted(
-            name
-            for name, tensor in tensors.items()
-            if (world == 1 or ".experts." in name) and not torch.equal(tensor, source[name].to(tensor.dtype))
+            name for name, tensor in tensors.items() if not torch.equal(tensor, source[name].to(tensor.dtype))
         )
-        report["missing"] = sorted(name for name in source if world == 1 and name not in tensors)
+        report["missing"] = sorted(name for name in source if name not in tensors)
+        report["held"] = {
+            name: [expert for expert, slot in enumerate(module.expert_map.tolist()) if slot >= 0]
+            for name, module in model.named_modules()
+            if getattr(module, "expert_map", None) is not None
+        }
     return report
 
 
