@@ -58,6 +58,9 @@ R1_ASCEND_REHEARSE_ROLLOUT_FAULT = "R1_ASCEND_REHEARSE_ROLLOUT_FAULT"
 #: ``1``: the CPU rehearsal's trainer permutes each training batch's rewards across its responses before the
 #: advantages (``r1-ascend rehearse --shuffle-rewards``, a control run that must not learn). Unset or ``0``: not.
 R1_ASCEND_REHEARSE_SHUFFLE_REWARDS = "R1_ASCEND_REHEARSE_SHUFFLE_REWARDS"
+#: ``0``: the CPU engine copies each weight sync into its transformers model directly instead of through vLLM's own
+#: DeepSeek-V3 ``load_weights`` (``r1_ascend.cpu.vllm_deepseek``). Unset: through vLLM's.
+R1_ASCEND_ROLLOUT_VLLM_LOADER = "R1_ASCEND_ROLLOUT_VLLM_LOADER"
 #: ``dead-expert@LAYER:EXPERT``: the CPU rehearsal's actor and reference get that expert's router bias at -inf once
 #: their weights are loaded, so no token is ever routed to it (``r1-ascend rehearse --fault dead-expert``). Unset:
 #: none.
@@ -148,6 +151,16 @@ def rehearse_seed(environ: Mapping[str, str] | None = None) -> int:
 def rehearse_rollout_fault(environ: Mapping[str, str] | None = None) -> str | None:
     """The rollout fault the rehearsal's engine plants (``NAME@SYNC``), or None."""
     return _env(environ).get(R1_ASCEND_REHEARSE_ROLLOUT_FAULT) or None
+
+
+def rollout_vllm_loader(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the CPU engine sends each weight sync through vLLM's own DeepSeek-V3 ``load_weights``
+    (``R1_ASCEND_ROLLOUT_VLLM_LOADER``, on unless 0)."""
+    raw = _env(environ).get(R1_ASCEND_ROLLOUT_VLLM_LOADER) or "1"
+    if raw not in ("0", "1"):
+        msg = f"{R1_ASCEND_ROLLOUT_VLLM_LOADER}={raw!r}: expected 1 (weights through vLLM's load_weights) or 0"
+        raise ValueError(msg)
+    return raw == "1"
 
 
 def rehearse_shuffle_rewards(environ: Mapping[str, str] | None = None) -> bool:

@@ -262,6 +262,29 @@ class WeightSyncError(ValueError):
     """A weight load named a tensor the rollout model does not have, with the wrong shape, or left one out."""
 
 
+@dataclass
+class VLLMLoader:
+    """vLLM's DeepSeek-V3 model a sync goes through first, and how many syncs did (empty: copied directly)."""
+
+    model: torch.nn.Module | None = None
+    loads: int = 0
+
+    def load(self, weights: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+        """vLLM's ``load_weights``, then each given name's tensor as that model now holds it (read back whole: a
+        collective over its TP and EP groups)."""
+        from r1_ascend.cpu.vllm_deepseek import hf_tensors
+
+        assert self.model is not None
+        self.model.load_weights(iter(weights))
+        held = hf_tensors(self.model)
+        self.loads += 1
+        absent = [name for name, _ in weights if name not in held]
+        if absent:
+            msg = f"vLLM's DeepSeek-V3 holds no weight under {absent[:8]} after its load_weights"
+            raise WeightSyncError(msg)
+        return [(name, held[name]) for name, _ in weights]
+
+
 class RolloutDeepseekV3(DeepseekV3ForCausalLM):
     """transformers' ``DeepseekV3ForCausalLM`` that loads weights the way vLLM's model does (``load_weights``).
 
@@ -281,14 +304,21 @@ class RolloutDeepseekV3(DeepseekV3ForCausalLM):
         self.requires_grad_(False)
         #: The names written by each ``load_weights`` call (verl syncs all weights in one call).
         self.load_history: list[frozenset[str]] = []
+        #: vLLM's own DeepSeek-V3 model (:mod:`r1_ascend.cpu.vllm_deepseek`), when the engine built one: every sync
+        #: goes through its ``load_weights`` and this model decodes with what it then holds, read back whole. Held
+        #: outside this module tree, so the offloading rollout's release / resume see only the decoding model.
+        self.vllm_loader = VLLMLoader()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copy each ``(HF name, tensor)`` into the parameter of that name; return the names written.
 
-        An unknown name or a shape mismatch raises :class:`WeightSyncError` before anything later is copied.
+        An unknown name or a shape mismatch raises :class:`WeightSyncError` before anything is copied. With
+        :attr:`vllm_model` set, the tensors first go through its ``load_weights`` (a collective over its TP and EP
+        groups, as every rollout rank syncs at once), and what is copied is what that model then holds under each
+        name: a tensor vLLM's loader misplaces is decoded misplaced.
         """
         params = dict(self.named_parameters())
-        loaded: set[str] = set()
+        weights = list(weights)
         for name, tensor in weights:
             param = params.get(name)
             if param is None:
@@ -299,7 +329,11 @@ class RolloutDeepseekV3(DeepseekV3ForCausalLM):
             if tuple(tensor.shape) != tuple(param.shape):
                 msg = f"weight {name!r} has shape {tuple(tensor.shape)}, the rollout's parameter {tuple(param.shape)}"
                 raise WeightSyncError(msg)
-            param.data.copy_(tensor.detach())
+        if self.vllm_loader.model is not None:
+            weights = self.vllm_loader.load(weights)
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            params[name].data.copy_(tensor.detach())
             loaded.add(name)
         self.load_history.append(frozenset(loaded))
         return loaded
@@ -337,6 +371,26 @@ def build_model(config: Any, dtype: torch.dtype, seed: int = 0) -> RolloutDeepse
         torch.manual_seed(seed)
         model = RolloutDeepseekV3._from_config(config, torch_dtype=dtype)
     return model.eval()
+
+
+def build_vllm_model(model_dir: Path, dtype: torch.dtype, engine_kwargs: Mapping[str, Any]) -> torch.nn.Module:
+    """vLLM's DeepSeek-V3 class for this rollout rank, over vLLM's groups built on the workers' torch.distributed
+    world (TP as verl asks, EP over the TP x DP ranks when ``enable_expert_parallel``), as vLLM's worker builds
+    them under verl's ``external_launcher``."""
+    from vllm.distributed import parallel_state
+
+    from r1_ascend.cpu import vllm_deepseek
+
+    config = vllm_deepseek.vllm_config(
+        model_dir,
+        dtype,
+        tensor_parallel_size=int(engine_kwargs.get("tensor_parallel_size", 1)),
+        expert_parallel=bool(engine_kwargs.get("enable_expert_parallel", False)),
+    )
+    if not parallel_state.model_parallel_is_initialized():
+        world = torch.distributed.get_world_size()
+        vllm_deepseek.init_groups(config, world, torch.distributed.get_rank(), "env://")
+    return vllm_deepseek.build(config)
 
 
 def _checkpoint_tensors(model_dir: Path) -> Iterable[tuple[str, torch.Tensor]]:
@@ -558,6 +612,8 @@ class CPUStandInLLM:
         self.max_model_len = int(max_model_len or self.hf_config.max_position_embeddings)
         self.max_num_seqs = int(max_num_seqs)
         self.model, dims = self._build_model(Path(model), str(load_format), int(seed))
+        if torch.distributed.is_initialized() and envs.rollout_vllm_loader():
+            self.model.vllm_loader.model = build_vllm_model(Path(model), self.dtype, self.engine_kwargs)
         self.runner = ModelRunner(self.model, self.dtype, dims)
         available = kv_cache_bytes(self.runner, KV_CACHE_SEQUENCES * self.max_model_len)
         self.executor = Executor(self.runner, available)

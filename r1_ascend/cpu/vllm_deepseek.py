@@ -126,7 +126,14 @@ def register_in_process(architecture: str = ARCHITECTURE) -> type[torch.nn.Modul
     return cls
 
 
-def vllm_config(model_dir: Path, dtype: torch.dtype, *, expert_parallel: bool = False, max_model_len: int = 512) -> Any:
+def vllm_config(
+    model_dir: Path,
+    dtype: torch.dtype,
+    *,
+    tensor_parallel_size: int = 1,
+    expert_parallel: bool = False,
+    max_model_len: int = 512,
+) -> Any:
     """The ``VllmConfig`` of a rollout engine for ``model_dir`` (eager: vllm-ascend runs DeepSeek eager or torchair)."""
     from vllm.config import DeviceConfig, LoadConfig, ModelConfig, ParallelConfig, VllmConfig
 
@@ -144,13 +151,17 @@ def vllm_config(model_dir: Path, dtype: torch.dtype, *, expert_parallel: bool = 
         model_config=model,
         device_config=DeviceConfig("cpu"),
         load_config=LoadConfig(load_format="dummy"),
-        parallel_config=ParallelConfig(enable_expert_parallel=expert_parallel),
+        parallel_config=ParallelConfig(
+            tensor_parallel_size=tensor_parallel_size, enable_expert_parallel=expert_parallel
+        ),
     )
 
 
 def init_groups(config: Any, world_size: int, rank: int, init_method: str) -> None:
     """vLLM's world, TP and EP group coordinators and vllm-ascend's MC2 / LM-head groups, as its NPU worker builds
-    them (``vllm_ascend/worker/worker_v1.py:301-308``), over gloo: TP is the whole world here."""
+    them (``vllm_ascend/worker/worker_v1.py:301-308``), over gloo; on an initialised torch.distributed world only
+    the coordinators are built. TP is the config's (the whole world when it says 1 and the world is larger is not
+    assumed: a test passes a config whose TP is its world)."""
     from vllm.config import set_current_vllm_config
     from vllm.distributed import parallel_state
     from vllm_ascend.distributed.parallel_state import init_ascend_model_parallel
@@ -158,7 +169,7 @@ def init_groups(config: Any, world_size: int, rank: int, init_method: str) -> No
     name_npu_backend()
     with set_current_vllm_config(config):
         parallel_state.init_distributed_environment(world_size, rank, init_method, rank, GROUP_BACKEND)
-        parallel_state.initialize_model_parallel(world_size, 1, GROUP_BACKEND)
+        parallel_state.initialize_model_parallel(config.parallel_config.tensor_parallel_size, 1, GROUP_BACKEND)
         parallel = config.parallel_config
         init_ascend_model_parallel(parallel.expert_parallel_size, parallel.lmhead_tp_size)
 

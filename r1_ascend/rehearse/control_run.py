@@ -11,7 +11,7 @@ from __future__ import annotations
 import subprocess
 
 from r1_ascend.rehearse import training
-from r1_ascend.rehearse.lifecycle import LifecycleError, check_sampling, read_lifecycle
+from r1_ascend.rehearse.lifecycle import check_rollout_path
 from r1_ascend.rehearse.progress import RehearsalError, read_log
 from r1_ascend.rehearse.session import Session
 from r1_ascend.rehearse.verdicts import check_joined, judge_training
@@ -36,10 +36,7 @@ def judge(session: Session, code: int, control: str) -> dict[str, object]:
         raise RehearsalError(f"the control run ({control}) failed with exit code {code}; log: {log}")
     joined, npus = check_joined(read_log(log), plan, log)
     summary = judge_training(out, [log], plan)
-    try:
-        summary["sampling"] = check_sampling(read_lifecycle(out / "lifecycle"), set())
-    except LifecycleError as exc:
-        raise LifecycleError(f"{exc}; records: {out / 'lifecycle'}") from exc
+    summary.update(check_rollout_path(out / "lifecycle", set()))
     curve = training.reward_curve(training.step_metrics([log]))
     steps = sorted(curve.rewards)
     if steps != list(range(1, plan.total_steps + 1)):

@@ -15,8 +15,10 @@ broken runs.
 - **The bias moves**: megatron-core's aux-loss-free update moves every expert's bias by the update rate at every
   optimizer step whose load is not exactly balanced; between two updates of one worker the bias must differ.
 - **The engine follows**: after each weight sync that follows an actor update in the same worker, the engine's bias
-  equals the actor's after that update, within :data:`BIAS_TOLERANCE`. The bias is exported from the actor's
-  state_dict (it is a buffer, not a parameter) and the rollout keeps it in float32, so they should be equal.
+  equals the actor's after that update, within :data:`BIAS_TOLERANCE`, once rounded to the dtype the rollout's
+  loader holds it in (the record's ``held_in``). The bias is exported from the actor's state_dict (it is a buffer,
+  not a parameter) in float32; vllm-ascend 0.9.1's eager DeepSeek model holds it in bf16
+  (``vllm_ascend/models/deepseek_v2.py:295-298``), as the cluster's rollout does.
 """
 
 from __future__ import annotations
@@ -31,8 +33,18 @@ from r1_ascend.patches.rules.expert_load import PATCH, rank_shares
 
 #: Smallest share of a layer's routed tokens any expert-parallel rank may receive in a step.
 MIN_EP_SHARE = 0.2
-#: Largest |engine bias - actor bias| accepted after a sync (both float32, copied without conversion).
+#: Largest |engine bias - actor bias| accepted after a sync (the actor's rounded to the engine's holding dtype).
 BIAS_TOLERANCE = 1e-6
+
+
+def held_as(bias: Mapping[int, Sequence[float]], dtype: str | None) -> dict[int, list[float]]:
+    """The actor's float32 bias as a loader that holds it in ``dtype`` (``"torch.bfloat16"``...) keeps it."""
+    if dtype in (None, "torch.float32"):
+        return {layer: list(values) for layer, values in bias.items()}
+    import torch
+
+    kind = getattr(torch, str(dtype).removeprefix("torch."))
+    return {layer: torch.tensor(values).to(kind).float().tolist() for layer, values in bias.items()}
 
 
 class ExpertLoadError(AssertionError):
@@ -154,7 +166,8 @@ def check_engine_follows(events: Sequence[Mapping[str, Any]], tolerance: float =
         updates = [u for u in biases.get(int(event["pid"]), []) if u[0] < float(event["t"])]
         if not updates:
             continue  # the run's first sync: the actor has not updated yet in this worker
-        _, step, actor = updates[-1]
+        _, step, exact = updates[-1]
+        actor = held_as(exact, event.get("held_in"))
         engine = _layers(event["bias"])
         gap = _largest_difference(actor, engine)
         moved = _largest_difference(biases[int(event["pid"])][0][2], actor)

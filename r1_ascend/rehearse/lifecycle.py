@@ -14,6 +14,9 @@ LIFECYCLE_EVENTS = {"release", "resume(weights)", "update_weights", "resume(kv_c
 REQUIRED_PATCHES = ("vllm_rollout_offload", "vllm_engine_kv_cache_configs", "verl_onpolicy_logprob")
 #: The patch that must have replaced vLLM's ``Sampler.forward`` in every generation (temperature-scaled log-probs).
 SAMPLER_PATCH = "verl_rollout_guard"
+#: The class every weight sync must go through (``load_weights``): the one vLLM's registry resolves for DeepSeek-V3
+#: once vllm-ascend registers its models, as on the cluster (r1_ascend.cpu.vllm_deepseek).
+VLLM_LOADER = "vllm_ascend.models.deepseek_v2.CustomDeepseekV3ForCausalLM"
 PRELUDE_LINE = re.compile(r"r1-ascend overlay \(pid (\d+)\): applied=(\S+) already=(\S+)")
 
 
@@ -189,3 +192,46 @@ def check_sampling(events: list[dict[str, Any]], killed_pids: set[int]) -> str:
     if not generations:
         raise LifecycleError("no worker recorded how a generation sampled")
     return f"{generations} generations sampled by vLLM's Sampler.forward as {SAMPLER_PATCH} replaced it ({calls} calls)"
+
+
+def check_loading(events: list[dict[str, Any]], killed_pids: set[int]) -> str:
+    """Every weight sync of every worker went through :data:`VLLM_LOADER`'s ``load_weights``.
+
+    Each ``update_weights`` record must be followed, before the worker's next sync, by a ``loaded`` record naming
+    that class and counting every sync of the worker so far. A worker of the killed run may lack it after its last
+    sync (killed during it)."""
+    syncs: dict[int, int] = {}
+    pending: set[int] = set()
+    for event in sorted(events, key=lambda e: e["t"]):
+        pid, name = int(event["pid"]), event["event"]
+        if name == "update_weights":
+            if pid in pending:
+                raise LifecycleError(f"worker pid {pid}: weight sync {syncs[pid]} recorded no load before the next")
+            pending.add(pid)
+            syncs[pid] = syncs.get(pid, 0) + 1
+        elif name == "loaded":
+            if pid not in pending:
+                raise LifecycleError(f"worker pid {pid} recorded a weight load with no sync before it")
+            pending.discard(pid)
+            if event.get("model") != VLLM_LOADER or event.get("loads") != syncs[pid]:
+                raise LifecycleError(
+                    f"worker pid {pid}: weight sync {syncs[pid]} left {event.get('loads')} loads by "
+                    f"{event.get('model')}, expected every sync through {VLLM_LOADER}.load_weights (the rollout "
+                    f"model vLLM builds on the cluster; R1_ASCEND_ROLLOUT_VLLM_LOADER=0 bypasses it)"
+                )
+    unfinished = sorted(pid for pid in pending if pid not in killed_pids)
+    if unfinished:
+        raise LifecycleError(f"workers {unfinished} recorded a last weight sync without its load")
+    if not syncs:
+        raise LifecycleError("no worker recorded a weight sync")
+    return f"{sum(syncs.values())} weight syncs through {VLLM_LOADER}.load_weights"
+
+
+def check_rollout_path(records: Path, killed_pids: set[int]) -> dict[str, str]:
+    """The rollout ran vLLM's own pieces in every worker: its sampler on every generation
+    (:func:`check_sampling`) and its DeepSeek-V3 ``load_weights`` on every sync (:func:`check_loading`)."""
+    events = read_lifecycle(records)
+    try:
+        return {"sampling": check_sampling(events, killed_pids), "weight_loading": check_loading(events, killed_pids)}
+    except LifecycleError as exc:
+        raise LifecycleError(f"{exc}; records: {records}") from exc

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from r1_ascend.rehearse.cluster import kill_mid_step, relaunch
 from r1_ascend.rehearse.export import export
-from r1_ascend.rehearse.lifecycle import LifecycleError, check_sampling, read_lifecycle
+from r1_ascend.rehearse.lifecycle import check_rollout_path
 from r1_ascend.rehearse.progress import RehearsalError, log_progress, read_log
 from r1_ascend.rehearse.session import Session
 from r1_ascend.rehearse.verdicts import judge, judge_training
@@ -55,10 +55,7 @@ def drive(session: Session) -> tuple[int, set[int]]:
 def judge_plain(session: Session, killed: tuple[int, set[int]]) -> dict[str, object]:
     out, plan, logs = session.out, session.plan, session.logs
     summary = judge(out, logs, plan, *killed)
-    try:
-        summary["sampling"] = check_sampling(read_lifecycle(out / "lifecycle"), killed[1])
-    except LifecycleError as exc:
-        raise LifecycleError(f"{exc}; records: {out / 'lifecycle'}") from exc
+    summary.update(check_rollout_path(out / "lifecycle", killed[1]))
     summary.update(judge_training(out, logs, plan))
     summary["ray_temp_dir"] = session.cluster.temp_dir
     summary["netns"] = session.cluster.netns

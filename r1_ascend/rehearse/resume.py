@@ -24,6 +24,7 @@ from r1_ascend.rehearse.lifecycle import (
     LifecycleError,
     check_checkpoint_loads,
     check_lifecycle,
+    check_loading,
     check_preludes,
     check_sampling,
     read_lifecycle,
@@ -101,6 +102,7 @@ def judge(session: Session, code: int) -> dict[str, object]:
         loads = check_checkpoint_loads(events, set(), expected)
         preludes = check_preludes([text], events)
         sampling = check_sampling(events, set())
+        weight_loading = check_loading(events, set())
     except LifecycleError as exc:
         raise LifecycleError(f"{exc}; records: {out / 'lifecycle'}, log: {log}") from exc
     training.check_finite(training.step_metrics([log]), [log])
@@ -114,6 +116,7 @@ def judge(session: Session, code: int) -> dict[str, object]:
         "checkpoint_loads": loads,
         "preludes": preludes,
         "sampling": sampling,
+        "weight_loading": weight_loading,
         "ray_temp_dir": session.cluster.temp_dir,
         "netns": session.cluster.netns,
     }

@@ -51,9 +51,17 @@ def _recorded(name: str, method: Any) -> Any:
         result = await method(self, *args, **kwargs)
         if name == "update_weights":
             _record_engine_bias(self)
+            _record_loading(self)
         return result
 
     return wrapper
+
+
+def _record_loading(rollout: Any) -> None:
+    """Which model's ``load_weights`` the sync just done went through, and how many syncs so far did."""
+    loader = rollout.inference_engine.model.vllm_loader
+    model = None if loader.model is None else f"{type(loader.model).__module__}.{type(loader.model).__qualname__}"
+    _record("loaded", model=model, loads=loader.loads)
 
 
 def _record_engine_bias(rollout: Any) -> None:
@@ -66,7 +74,14 @@ def _record_engine_bias(rollout: Any) -> None:
         str(layer): router.e_score_correction_bias.detach().float().tolist()
         for layer, router in moe_routers(model).items()
     }
-    _record("engine_bias", bias=bias)
+    loader = rollout.inference_engine.model.vllm_loader.model
+    held_in = None if loader is None else str(_bias_dtype(loader))
+    _record("engine_bias", bias=bias, held_in=held_in)
+
+
+def _bias_dtype(vllm_model: Any) -> Any:
+    """The dtype vLLM's model holds the routers' expert bias in (the first MoE layer's)."""
+    return next(p.dtype for name, p in vllm_model.named_parameters() if name.endswith("e_score_correction_bias"))
 
 
 def _record_sampling(rollout: Any) -> None:

@@ -184,3 +184,30 @@ def test_syncs_are_matched_within_their_worker_whatever_the_interleaving(order: 
             base += 1.0
             shuffled.append(dict(event, t=base, pid=pid))
     assert all(d["engine_vs_actor"] == 0.0 for d in checks.check_engine_follows(shuffled))
+
+
+def _rounded(bias: dict[str, list[float]]) -> dict[str, list[float]]:
+    import torch
+
+    return {layer: torch.tensor(values).bfloat16().float().tolist() for layer, values in bias.items()}
+
+
+def test_an_engine_holding_the_bias_in_bf16_follows_when_it_holds_the_actors_bias_rounded() -> None:
+    events = run(engine={step: _rounded(bias_after(step - 1)) for step in (1, 2, 3)})
+    for event in events:
+        if event["event"] == "engine_bias":
+            event["held_in"] = "torch.bfloat16"
+    summary = checks.judge(events)
+    assert all(d["engine_vs_actor"] == 0.0 for d in summary["engine_bias"])
+
+
+def test_a_rounded_bias_from_a_float32_engine_is_a_difference() -> None:
+    with pytest.raises(checks.ExpertLoadError, match="differs from the actor's"):
+        checks.judge(run(engine={step: _rounded(bias_after(step - 1)) for step in (1, 2, 3)}))
+
+
+@pytest.mark.parametrize("held_in", [None, "torch.float32"])
+def test_the_bias_of_a_float32_engine_is_compared_unrounded(held_in: str | None) -> None:
+    bias = {1: [0.1234567, -0.7654321]}
+    assert checks.held_as(bias, held_in) == {1: [0.1234567, -0.7654321]}
+    assert checks.held_as(bias, "torch.bfloat16") != bias

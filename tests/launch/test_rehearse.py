@@ -97,6 +97,7 @@ def test_rehearsal_runs_kills_resumes_and_reports(tmp_path: Path, weights: Path)
     assert summary["reward"]["last"] >= 0.6, summary["reward_curve"]
     assert summary["rollout_actor_gap_max"] < 0.05
     assert "sampled by vLLM's Sampler.forward as verl_rollout_guard replaced it" in summary["sampling"]
+    assert "CustomDeepseekV3ForCausalLM.load_weights" in summary["weight_loading"]
     left = subprocess.run(["pgrep", "-f", summary["ray_temp_dir"]], capture_output=True, text=True, check=False)
     assert left.stdout.split() == [], f"processes left under {summary['ray_temp_dir']}"
     if summary["netns"]:
@@ -130,6 +131,7 @@ def test_a_control_run_does_not_raise_the_reward(tmp_path: Path, weights: Path, 
     assert reward["last"] - reward["first"] < 0.2, reward
     assert reward["last"] < 0.5, reward
     assert "sampled by vLLM's Sampler.forward as verl_rollout_guard replaced it" in summary["sampling"]
+    assert "CustomDeepseekV3ForCausalLM.load_weights" in summary["weight_loading"]
     shuffled = [e for e in _records(out) if e["event"] == "shuffle_rewards"]
     assert bool(shuffled) is (control == "shuffled-rewards")
 

@@ -78,7 +78,7 @@ def load_case(model: torch.nn.Module, source: dict[str, torch.Tensor], fault: st
 
 def main() -> None:
     model_dir, world, rank, port, out = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
-    config = vllm_deepseek.vllm_config(model_dir, torch.bfloat16, expert_parallel=world > 1)
+    config = vllm_deepseek.vllm_config(model_dir, torch.bfloat16, tensor_parallel_size=world, expert_parallel=world > 1)
     vllm_deepseek.init_groups(config, world, rank, f"tcp://127.0.0.1:{port}")
     model = vllm_deepseek.build(config)
     source = bf16_state_dict(json.loads((model_dir / "config.json").read_text()), 0)

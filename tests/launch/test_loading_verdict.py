@@ -1,0 +1,66 @@
+"""The rehearsal's verdict that every weight sync of every worker went through vLLM's DeepSeek-V3 ``load_weights``
+(``lifecycle.check_loading``), fed recorded event sequences."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from r1_ascend.rehearse.lifecycle import VLLM_LOADER, LifecycleError, check_loading
+
+
+def run(workers: int, syncs: int) -> list[dict[str, Any]]:
+    """Records of ``workers`` workers each syncing ``syncs`` times, every sync loaded through vLLM's class."""
+    events, t = [], 0.0
+    for sync in range(1, syncs + 1):
+        for pid in range(100, 100 + workers):
+            events.append({"t": t, "pid": pid, "event": "update_weights"})
+            events.append({"t": t + 0.5, "pid": pid, "event": "loaded", "model": VLLM_LOADER, "loads": sync})
+            t += 1.0
+    return events
+
+
+@given(st.integers(1, 4), st.integers(1, 6))
+def test_every_sync_loaded_through_vllm_passes(workers: int, syncs: int) -> None:
+    verdict = check_loading(run(workers, syncs), set())
+    assert verdict == f"{workers * syncs} weight syncs through {VLLM_LOADER}.load_weights"
+
+
+@given(st.integers(1, 4), st.integers(1, 6), st.data())
+def test_a_dropped_load_record_fails_unless_its_worker_was_killed(workers: int, syncs: int, data: Any) -> None:
+    events = run(workers, syncs)
+    loads = [i for i, e in enumerate(events) if e["event"] == "loaded"]
+    dropped = data.draw(st.sampled_from(loads))
+    pid = events[dropped]["pid"]
+    last_of_worker = dropped == max(i for i in loads if events[i]["pid"] == pid)
+    del events[dropped]
+    if last_of_worker:
+        assert check_loading(events, {pid})
+    with pytest.raises(LifecycleError, match=f"{pid}|without its load"):
+        check_loading(events, set())
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"model": None}, "expected every sync through"),
+        ({"model": "vllm.model_executor.models.deepseek_v2.DeepseekV3ForCausalLM"}, "expected every sync through"),
+        ({"loads": 1}, "left 1 loads"),
+    ],
+)
+def test_a_sync_not_through_vllms_class_is_named(change: dict[str, Any], message: str) -> None:
+    events = run(2, 2)
+    second_load = [e for e in events if e["event"] == "loaded"][2]
+    second_load.update(change)
+    with pytest.raises(LifecycleError, match=message):
+        check_loading(events, set())
+
+
+def test_a_load_without_a_sync_and_no_sync_at_all_are_refused() -> None:
+    with pytest.raises(LifecycleError, match="no sync before it"):
+        check_loading([{"t": 0, "pid": 1, "event": "loaded", "model": VLLM_LOADER, "loads": 1}], set())
+    with pytest.raises(LifecycleError, match="no worker recorded a weight sync"):
+        check_loading([], set())
