@@ -158,6 +158,12 @@ def test_without_the_patch_the_problem_and_the_two_fixes_are_named() -> None:
     assert found.endswith(f"set {NUM_GROUPS}: 8 and {GROUP_TOPK}: 4 in actor.override")
 
 
+def test_without_a_role_the_actor_is_named() -> None:
+    found = routing_problem(model(), {}, patched=False, where="actor.override")
+    assert found is not None
+    assert found.startswith("the Megatron actor routes over all experts")
+
+
 def test_refused_overrides_are_named_where_they_are() -> None:
     found = routing_problem(model(), {NUM_GROUPS: 2}, patched=True, where="ref.override")
     assert found is not None
