@@ -312,10 +312,10 @@ class RolloutDeepseekV3(DeepseekV3ForCausalLM):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copy each ``(HF name, tensor)`` into the parameter of that name; return the names written.
 
-        An unknown name or a shape mismatch raises :class:`WeightSyncError` before anything is copied. With
-        :attr:`vllm_model` set, the tensors first go through its ``load_weights`` (a collective over its TP and EP
-        groups, as every rollout rank syncs at once), and what is copied is what that model then holds under each
-        name: a tensor vLLM's loader misplaces is decoded misplaced.
+        An unknown name or a shape mismatch raises :class:`WeightSyncError` before anything is copied. When
+        :attr:`vllm_loader` holds vLLM's model, the tensors first go through its ``load_weights`` (a collective
+        over its TP and EP groups, as every rollout rank syncs at once), and what is copied is what that model then
+        holds under each name: a tensor vLLM's loader misplaces is decoded misplaced.
         """
         params = dict(self.named_parameters())
         weights = list(weights)

@@ -110,7 +110,7 @@ class NPUOnCPU(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def register_in_process(architecture: str = ARCHITECTURE) -> type[torch.nn.Module]:
+def register_in_process(architecture: str = ARCHITECTURE) -> None:
     """vllm-ascend's registration, with the registry's class for ``architecture`` imported in this process.
 
     vllm-ascend registers its models by name; vLLM then inspects such a class in a fresh interpreter (``registry.py``
@@ -121,9 +121,7 @@ def register_in_process(architecture: str = ARCHITECTURE) -> type[torch.nn.Modul
     from vllm_ascend.models import register_model
 
     register_model()
-    cls = ModelRegistry.models[architecture].load_model_cls()
-    ModelRegistry.register_model(architecture, cls)
-    return cls
+    ModelRegistry.register_model(architecture, ModelRegistry.models[architecture].load_model_cls())
 
 
 def vllm_config(
@@ -159,9 +157,8 @@ def vllm_config(
 
 def init_groups(config: Any, world_size: int, rank: int, init_method: str) -> None:
     """vLLM's world, TP and EP group coordinators and vllm-ascend's MC2 / LM-head groups, as its NPU worker builds
-    them (``vllm_ascend/worker/worker_v1.py:301-308``), over gloo; on an initialised torch.distributed world only
-    the coordinators are built. TP is the config's (the whole world when it says 1 and the world is larger is not
-    assumed: a test passes a config whose TP is its world)."""
+    them (``vllm_ascend/worker/worker_v1.py:301-308``), over gloo, with the config's TP size; on an initialised
+    torch.distributed world only the coordinators are built."""
     from vllm.config import set_current_vllm_config
     from vllm.distributed import parallel_state
     from vllm_ascend.distributed.parallel_state import init_ascend_model_parallel
@@ -175,10 +172,10 @@ def init_groups(config: Any, world_size: int, rank: int, init_method: str) -> No
 
 
 def model_class(config: Any) -> type[torch.nn.Module]:
-    """The class vLLM's registry resolves for the config's architecture (vllm-ascend's, once it is registered)."""
+    """The class vLLM's registry resolves for the config's architecture (vllm-ascend's: :func:`vllm_config`
+    registered it)."""
     from vllm.model_executor.model_loader.utils import get_model_architecture
 
-    register_in_process()
     cls, _ = get_model_architecture(config.model_config)
     return cls
 

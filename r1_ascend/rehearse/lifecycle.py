@@ -227,11 +227,15 @@ def check_loading(events: list[dict[str, Any]], killed_pids: set[int]) -> str:
     return f"{sum(syncs.values())} weight syncs through {VLLM_LOADER}.load_weights"
 
 
-def check_rollout_path(records: Path, killed_pids: set[int]) -> dict[str, str]:
+def rollout_path(events: list[dict[str, Any]], killed_pids: set[int]) -> dict[str, str]:
     """The rollout ran vLLM's own pieces in every worker: its sampler on every generation
     (:func:`check_sampling`) and its DeepSeek-V3 ``load_weights`` on every sync (:func:`check_loading`)."""
-    events = read_lifecycle(records)
+    return {"sampling": check_sampling(events, killed_pids), "weight_loading": check_loading(events, killed_pids)}
+
+
+def check_rollout_path(records: Path, killed_pids: set[int]) -> dict[str, str]:
+    """:func:`rollout_path` of the records in ``records``; a failure names that directory."""
     try:
-        return {"sampling": check_sampling(events, killed_pids), "weight_loading": check_loading(events, killed_pids)}
+        return rollout_path(read_lifecycle(records), killed_pids)
     except LifecycleError as exc:
         raise LifecycleError(f"{exc}; records: {records}") from exc

@@ -24,10 +24,9 @@ from r1_ascend.rehearse.lifecycle import (
     LifecycleError,
     check_checkpoint_loads,
     check_lifecycle,
-    check_loading,
     check_preludes,
-    check_sampling,
     read_lifecycle,
+    rollout_path,
 )
 from r1_ascend.rehearse.progress import RehearsalError, read_log
 from r1_ascend.rehearse.session import Session
@@ -101,8 +100,7 @@ def judge(session: Session, code: int) -> dict[str, object]:
             raise LifecycleError(f"expected {plan.world} rollout workers in the resumed run; records: {out}")
         loads = check_checkpoint_loads(events, set(), expected)
         preludes = check_preludes([text], events)
-        sampling = check_sampling(events, set())
-        weight_loading = check_loading(events, set())
+        rollout = rollout_path(events, set())
     except LifecycleError as exc:
         raise LifecycleError(f"{exc}; records: {out / 'lifecycle'}, log: {log}") from exc
     training.check_finite(training.step_metrics([log]), [log])
@@ -115,8 +113,7 @@ def judge(session: Session, code: int) -> dict[str, object]:
         "lifecycle": lifecycle,
         "checkpoint_loads": loads,
         "preludes": preludes,
-        "sampling": sampling,
-        "weight_loading": weight_loading,
+        **rollout,
         "ray_temp_dir": session.cluster.temp_dir,
         "netns": session.cluster.netns,
     }

@@ -74,7 +74,7 @@ def _record_engine_bias(rollout: Any) -> None:
         str(layer): router.e_score_correction_bias.detach().float().tolist()
         for layer, router in moe_routers(model).items()
     }
-    loader = rollout.inference_engine.model.vllm_loader.model
+    loader = model.vllm_loader.model
     held_in = None if loader is None else str(_bias_dtype(loader))
     _record("engine_bias", bias=bias, held_in=held_in)
 
