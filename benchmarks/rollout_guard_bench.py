@@ -8,7 +8,8 @@ verl's weight export, the CPU rollout engine, a GRPO step per iteration) on the 
 - faults: every fault of :mod:`r1_ascend.rehearse.rollout_faults` planted at step ``--fault-step`` (healthy steps
   before it) for every seed; per fault and statistic the value at the planted step and its separation, the value
   divided by the healthy maximum of the same dtype, and whether the levels warn or stop there (the CPU
-  rehearsal's levels, or those of ``--config``).
+  rehearsal's levels, or those of ``--config``); a fault the rollout's weight loader refuses is written down as
+  refused, with the loader's message.
 
     python benchmarks/rollout_guard_bench.py                       # 5 seeds, bf16 and fp32, all faults
     python benchmarks/rollout_guard_bench.py --seeds 0 --dtypes bf16 --faults expert-swap --json out.json
@@ -120,7 +121,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {'fault':<20} {'seed':>4} " + " ".join(f"{n:>22}" for n in guard.GATED) + "  verdict")
         for name in names:
             for seed in args.fault_seeds or args.seeds:
-                result = gc.planted(gc.Setup(hf_dir, mcore, dtype="bf16", seed=seed), name, args.fault_step)[-1]
+                try:
+                    result = gc.planted(gc.Setup(hf_dir, mcore, dtype="bf16", seed=seed), name, args.fault_step)[-1]
+                except gc.SyncRefused as refused:
+                    records.append(
+                        {
+                            "kind": "fault",
+                            "dtype": "bf16",
+                            "seed": seed,
+                            "step": refused.step,
+                            "fault": name,
+                            "refused": refused.message,
+                        }
+                    )
+                    print(f"  {name:<20} {seed:>4}  REFUSED by the loader in step {refused.step}: {refused.message}")
+                    continue
                 record = {"kind": "fault", "dtype": "bf16", "seed": seed, **_record(result)}
                 records.append(record)
                 cells = []

@@ -33,6 +33,7 @@ one object by the overlay's patches, and the tests' fakes are built from the sam
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import math
@@ -268,14 +269,29 @@ class VLLMLoader:
 
     model: torch.nn.Module | None = None
     loads: int = 0
+    #: what vLLM's ``load_weights`` runs under for one sync, given the model (a planted layout fault); None: as is
+    change: Callable[[torch.nn.Module], contextlib.AbstractContextManager[None]] | None = None
 
     def load(self, weights: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
         """vLLM's ``load_weights``, then each given name's tensor as that model now holds it (read back whole: a
-        collective over its TP and EP groups)."""
+        collective over its TP and EP groups).
+
+        A tensor vLLM's loader refuses (its weight loaders narrow and copy by shape) raises
+        :class:`WeightSyncError` naming it and the rank, on every rank: the ranks exchange what they refused first, so
+        the ones that loaded do not wait in the read-back for the one that stopped."""
+        from vllm.distributed.parallel_state import get_world_group
+
         from r1_ascend.cpu.vllm_deepseek import hf_tensors
 
         assert self.model is not None
-        self.model.load_weights(iter(weights))
+        refusal = self._refusal(weights)
+        group = get_world_group()
+        refusals: list[str | None] = [None] * group.world_size
+        torch.distributed.all_gather_object(refusals, refusal, group=group.cpu_group)
+        refused = [(rank, text) for rank, text in enumerate(refusals) if text is not None]
+        if refused:
+            rank, text = refused[0]
+            raise WeightSyncError(f"{text} (rollout rank {rank}; {len(refused)} of {len(refusals)} ranks refused)")
         held = hf_tensors(self.model)
         self.loads += 1
         absent = [name for name, _ in weights if name not in held]
@@ -283,6 +299,40 @@ class VLLMLoader:
             msg = f"vLLM's DeepSeek-V3 holds no weight under {absent[:8]} after its load_weights"
             raise WeightSyncError(msg)
         return [(name, held[name]) for name, _ in weights]
+
+    def _refusal(self, weights: list[tuple[str, torch.Tensor]]) -> str | None:
+        """vLLM's ``load_weights`` on ``weights`` after verl's MoE loader patch; what it refused, or None."""
+        from verl.utils.vllm.patch import patch_vllm_moe_model_weight_loader
+
+        assert self.model is not None
+        current: list[tuple[str, tuple[int, ...]]] = []
+
+        def named() -> Iterable[tuple[str, torch.Tensor]]:
+            for name, tensor in weights:
+                current[:] = [(name, tuple(tensor.shape))]
+                yield name, tensor
+
+        # the overlay's update_weights gives verl's MoE loader patch the model its runner holds: on the cluster vLLM's,
+        # here the decoding model (which it leaves alone), so the loader gives it vLLM's model, the one that loads
+        patch_vllm_moe_model_weight_loader(self.model)
+        try:
+            with self.change(self.model) if self.change is not None else contextlib.nullcontext():
+                loaded = self.model.load_weights(named())
+        except (RuntimeError, ValueError, AssertionError, IndexError, KeyError, AttributeError) as error:
+            where = f"{current[0][0]!r} of shape {current[0][1]}" if current else "the first weight"
+            return (
+                f"vLLM's DeepSeek-V3 load_weights ({type(self.model).__qualname__}) refused {where}: "
+                f"{type(error).__name__}: {error}. The tensor reached vLLM's weight loader in a layout it does not "
+                "take, or a parameter lost its weight_loader (verl's patch_vllm_moe_model_weight_loader puts the "
+                "experts' back)"
+            )
+        unwritten = [name for name, _ in self.model.named_parameters() if name not in loaded]
+        if unwritten:
+            return (
+                f"vLLM's DeepSeek-V3 load_weights ({type(self.model).__qualname__}) left {len(unwritten)} of its "
+                f"parameters unwritten: {', '.join(unwritten[:6])}{', ...' if len(unwritten) > 6 else ''}"
+            )
+        return None
 
 
 class RolloutDeepseekV3(DeepseekV3ForCausalLM):

@@ -181,16 +181,23 @@ def model_class(config: Any) -> type[torch.nn.Module]:
 
 
 def build(config: Any) -> torch.nn.Module:
-    """The registry's DeepSeek-V3 class for ``config``, on the CPU in the config's dtype (call :func:`init_groups`
-    first)."""
+    """The registry's DeepSeek-V3 class for ``config``, on the CPU in the config's dtype, as vLLM's model loader
+    leaves it at start-up (call :func:`init_groups` first).
+
+    The loader ends with ``process_weights_after_loading`` (``model_loader/base_loader.py`` of vLLM 0.9.1, for the
+    dummy load verl asks for as for a real one). That matters for every later sync: vllm-ascend's
+    ``AscendUnquantizedFusedMoEMethod.process_weights_after_loading`` (``fused_moe.py:995``) replaces ``w13_weight``
+    and ``w2_weight`` by new parameters without their ``weight_loader``, so a second ``load_weights`` stops with an
+    ``AttributeError`` unless verl's ``patch_vllm_moe_model_weight_loader`` has put the loaders back."""
     from vllm.config import set_current_vllm_config
-    from vllm.model_executor.model_loader.utils import set_default_torch_dtype
+    from vllm.model_executor.model_loader.utils import process_weights_after_loading, set_default_torch_dtype
 
     check_targets()
     name_npu_backend()
     cls = model_class(config)
     with set_current_vllm_config(config), set_default_torch_dtype(config.model_config.dtype), NPUOnCPU():
         model = cls(vllm_config=config)
+        process_weights_after_loading(model, config.model_config, torch.device("cpu"))
     return model.eval()
 
 

@@ -231,8 +231,24 @@ def healthy(setup: Setup, steps: int) -> list[StepResult]:
     return [loop.run_step() for _ in range(steps)]
 
 
+class SyncRefused(RuntimeError):
+    """The rollout's weight loader refused the sync a fault was planted in: the run stops there, before decoding."""
+
+    def __init__(self, step: int, fault: str, message: str) -> None:
+        super().__init__(f"step {step}, {fault}: {message}")
+        self.step, self.fault, self.message = step, fault, message
+
+
 def planted(setup: Setup, fault_name: str, at_step: int) -> list[StepResult]:
-    """Healthy steps, then ``fault_name`` planted in the sync of step ``at_step`` (the last step measured)."""
+    """Healthy steps, then ``fault_name`` planted in the sync of step ``at_step`` (the last step measured).
+    Raises :class:`SyncRefused` when the loader refuses that sync."""
+    from r1_ascend.cpu.engine import WeightSyncError
+
     loop = Loop.build(setup)
     fault = rollout_faults.get(fault_name)
-    return [loop.run_step(fault if step == at_step else None) for step in range(1, at_step + 1)]
+    results = [loop.run_step() for _ in range(1, at_step)]
+    try:
+        results.append(loop.run_step(fault))
+    except WeightSyncError as error:
+        raise SyncRefused(at_step, fault_name, str(error)) from error
+    return results

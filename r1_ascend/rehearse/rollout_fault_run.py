@@ -3,7 +3,8 @@
 The rehearsal on a 2-step plan (a checkpoint every step) whose CPU rollout engine plants ``NAME``
 (r1_ascend.rehearse.rollout_faults) into its second weight sync, the one before step 2's generation. The rollout
 guard must stop the run in step 2 with ``RolloutActorMismatchError`` naming the step and the statistics above their
-stop levels, before step 2 is checkpointed; every process of the run must be gone within ``STOP_BOUND_S`` of the
+stop levels, before step 2 is checkpointed (or, for a layout vLLM's loader cannot take, the loader must refuse that
+sync with ``WeightSyncError`` naming the tensor); every process of the run must be gone within ``STOP_BOUND_S`` of the
 planted sync, and step 1's checkpoint must be the last one. With the guard switched off
 (``R1_ASCEND_DISABLE=verl_rollout_guard``) the same run trains on to the end: nothing else notices.
 """
@@ -29,6 +30,8 @@ PLANTED = re.compile(r"rollout fault: planted (\S+) .* in weight sync (\d+)")
 STOPPED = re.compile(
     r"rollout guard: at training step (\d+) .*?beyond the stop level: (.*?); over (\d+) response tokens"
 )
+#: ``VLLMLoader``'s error when vLLM's load_weights refuses a tensor of the sync (r1_ascend.cpu.engine)
+REFUSED = re.compile(r"WeightSyncError: vLLM's DeepSeek-V3 load_weights \(\w+\) refused '([^']+)'")
 STEP_LINE = re.compile(r"\bstep:(\d+) - ")
 
 
@@ -61,30 +64,37 @@ def judge(session: Session, stopped: tuple[int, float], name: str) -> dict[str, 
 
 
 def judge_stop(text: str, log: Path, out: Path, name: str, code: int, stop_s: float) -> dict[str, object]:
-    """The guard stopped the run in the planted step, before its checkpoint, and said why."""
-    stopped = STOPPED.search(text)
-    if code == 0 or stopped is None:
+    """The run stopped in the planted step, before its checkpoint, and said why: the guard, with the statistics above
+    their stop levels, or vLLM's weight loader refusing the planted sync (a layout it cannot take), naming the
+    tensor."""
+    stopped, refused = STOPPED.search(text), REFUSED.search(text)
+    if code == 0 or (stopped is None and refused is None):
         raise RehearsalError(
             f"the planted rollout fault {name} did not stop the run (exit code {code}, no 'rollout guard: at training "
-            f"step ...' error): the guard missed it or is switched off; log: {log}"
+            f"step ...' error and no weight load refused): the guard missed it or is switched off; log: {log}"
         )
-    step = int(stopped.group(1))
-    if step != FAULT_STEP:
-        raise RehearsalError(f"the guard stopped the run in step {step}, the fault was planted in step {FAULT_STEP}")
+    found: dict[str, object]
+    if stopped is not None:
+        step = int(stopped.group(1))
+        if step != FAULT_STEP:
+            raise RehearsalError(
+                f"the guard stopped the run in step {step}, the fault was planted in step {FAULT_STEP}"
+            )
+        statistics = [part.split(" = ")[0] for part in stopped.group(2).split(", ")]
+        found = {
+            "stopped_by": "the rollout guard",
+            "stopped_in_step": step,
+            "statistics_above_stop": [s.removeprefix("rollout_guard/") for s in statistics],
+        }
+    else:
+        assert refused is not None
+        found = {"stopped_by": "vLLM's weight loader", "stopped_in_sync": FAULT_STEP, "refused": refused.group(1)}
     logged = sorted({int(s) for s in STEP_LINE.findall(text)})
     if FAULT_STEP in logged:
         raise RehearsalError(
-            f"step {FAULT_STEP} was logged as a finished step although the guard stopped it; log: {log}"
+            f"step {FAULT_STEP} was logged as a finished step although the run was stopped in it; log: {log}"
         )
     checkpoints = sorted(p.name for p in (out / "checkpoints").glob("global_step_*"))
     if f"global_step_{FAULT_STEP}" in checkpoints:
-        raise RehearsalError(f"global_step_{FAULT_STEP} was saved although the guard stopped that step: {checkpoints}")
-    statistics = [part.split(" = ")[0] for part in stopped.group(2).split(", ")]
-    return {
-        "name": name,
-        "stopped_in_step": step,
-        "statistics_above_stop": [s.removeprefix("rollout_guard/") for s in statistics],
-        "time_to_stop_s": stop_s,
-        "checkpoints_left": checkpoints,
-        "exit_code": code,
-    }
+        raise RehearsalError(f"global_step_{FAULT_STEP} was saved although that step was stopped: {checkpoints}")
+    return {"name": name, **found, "time_to_stop_s": stop_s, "checkpoints_left": checkpoints, "exit_code": code}

@@ -10,9 +10,10 @@ or on the engine's model configuration; it never touches the actor. Used by the 
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -22,12 +23,22 @@ if TYPE_CHECKING:  # torch is imported where a tensor is made: `rehearse --help`
 Weights = dict[str, "torch.Tensor"]
 
 
+#: A change to vLLM's DeepSeek-V3 model held while its ``load_weights`` runs for one sync (a layout fault)
+LoaderChange = Callable[["torch.nn.Module"], contextlib.AbstractContextManager[None]]
+
+
+class RolloutFaultError(RuntimeError):
+    """A fault cannot be planted into this engine."""
+
+
 @dataclass(frozen=True)
 class Sync:
-    """One weight sync into the engine: the weights to load and, for the MLA fault, whether to re-derive."""
+    """One weight sync into the engine: the weights to load, for the MLA fault whether to re-derive, and for the
+    layout faults the change vLLM's loader runs under."""
 
     weights: Weights
     recompute_mla: bool = True
+    in_loader: LoaderChange | None = None
 
 
 @dataclass(frozen=True)
@@ -203,6 +214,115 @@ def _sampler_unpatched(engine: Any, weights: Weights, _previous: Weights, _probe
     return Sync(dict(weights))
 
 
+# --- layout faults, planted in vLLM's DeepSeek-V3 loader (the engine's ``vllm_loader``) ---------------------------
+
+
+def _fused_moe_layers(model: torch.nn.Module) -> list[Any]:
+    from vllm.model_executor.layers.fused_moe import FusedMoE
+
+    return [module for module in model.modules() if isinstance(module, FusedMoE)]
+
+
+@contextlib.contextmanager
+def _expert_loaders_wrapped(model: torch.nn.Module, param_name: str, wrap: Callable[..., Any]) -> Iterator[None]:
+    """Each MoE layer's ``param_name`` loads through ``wrap(loader, ...)`` instead of ``FusedMoE.weight_loader``;
+    restored afterwards. vLLM's ``load_weights`` reads ``param.weight_loader`` on every expert tensor
+    (``deepseek_v2.py:802`` in vLLM 0.9.1), so the change acts where upstream's loader does."""
+    params = [getattr(layer, param_name) for layer in _fused_moe_layers(model)]
+    saved = [(param, param.weight_loader) for param in params]
+    for param, loader in saved:
+        param.weight_loader = lambda *args, _loader=loader, **kwargs: wrap(_loader, *args, **kwargs)
+    try:
+        yield
+    finally:
+        for param, loader in saved:
+            param.weight_loader = loader
+
+
+def _gate_up_exchanged(model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
+    """Every expert's gate projection written into the up half of ``w13`` and its up projection into the gate half
+    (the loader's ``w1``/``w3`` shard ids exchanged)."""
+    exchanged = {"w1": "w3", "w3": "w1"}
+
+    def load(loader: Callable[..., Any], *args: Any, shard_id: str, **kwargs: Any) -> Any:
+        return loader(*args, shard_id=exchanged.get(shard_id, shard_id), **kwargs)
+
+    return _expert_loaders_wrapped(model, "w13_weight", load)
+
+
+def _first_expert_handed_transposed(model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
+    """Expert 0's ``down_proj`` of each MoE layer handed to ``FusedMoE.weight_loader`` transposed (a loader that
+    transposes for a kernel layout it then does not use). vLLM's loader narrows and copies by shape, so a
+    non-square expert is refused there; DeepSeek-V3's experts are 7168 x 2048."""
+
+    def load(loader: Callable[..., Any], param: Any, weight: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("expert_id") == 0:
+            weight = weight.t()
+        return loader(param, weight, *args, **kwargs)
+
+    return _expert_loaders_wrapped(model, "w2_weight", load)
+
+
+@contextlib.contextmanager
+def _expert_map_shifted(model: torch.nn.Module) -> Iterator[None]:
+    """While the weights load, each MoE layer's expert map is shifted by one: expert ``e``'s weights land in the
+    slot (and, under EP, on the rank) of expert ``e - 1``. Its kernels keep routing through the layer's own map."""
+    import torch
+
+    layers = _fused_moe_layers(model)
+    saved = [(layer, layer.expert_map) for layer in layers]
+    for layer, expert_map in saved:
+        current = expert_map if expert_map is not None else torch.arange(int(layer.global_num_experts))
+        layer.expert_map = torch.roll(current, 1)
+    try:
+        yield
+    finally:
+        for layer, expert_map in saved:
+            layer.expert_map = expert_map
+
+
+@contextlib.contextmanager
+def _expert_loaders_dropped(model: torch.nn.Module) -> Iterator[None]:
+    """Every MoE layer's ``w13_weight`` and ``w2_weight`` without a ``weight_loader`` while the weights load: what
+    vllm-ascend's ``process_weights_after_loading`` leaves when verl's ``patch_vllm_moe_model_weight_loader`` did
+    not run (verl moved it, or a new model class is not in its list)."""
+    params = [getattr(layer, name) for layer in _fused_moe_layers(model) for name in ("w13_weight", "w2_weight")]
+    saved = [(param, param.__dict__.pop("weight_loader", None)) for param in params]
+    try:
+        yield
+    finally:
+        for param, loader in saved:
+            if loader is not None:
+                param.weight_loader = loader
+
+
+def _in_loader(change: LoaderChange) -> Callable[[Any, Weights, Weights, list[list[int]]], Sync]:
+    return lambda _engine, weights, _previous, _probe: Sync(dict(weights), in_loader=change)
+
+
+@contextlib.contextmanager
+def loader_change(engine: Any, planned: Sync) -> Iterator[None]:
+    """While a sync of ``engine`` (a ``CPUStandInLLM``) loads: ``planned``'s change to vLLM's loader, held by the
+    engine's ``vllm_loader`` around vLLM's ``load_weights`` only (the read-back sees the model as its kernels do).
+    Nothing for a fault that is not a layout fault."""
+    if planned.in_loader is None:
+        yield
+        return
+    loader = engine.model.vllm_loader
+    if loader.model is None:
+        msg = (
+            "this rollout fault is planted in vLLM's DeepSeek-V3 load_weights, but the engine loads without it: "
+            "the engine builds vLLM's model only inside a torch.distributed world and with "
+            "R1_ASCEND_ROLLOUT_VLLM_LOADER=1 (the default)"
+        )
+        raise RolloutFaultError(msg)
+    loader.change = planned.in_loader
+    try:
+        yield
+    finally:
+        loader.change = None
+
+
 FAULTS: Mapping[str, RolloutFault] = {
     f.name: f
     for f in (
@@ -230,6 +350,26 @@ FAULTS: Mapping[str, RolloutFault] = {
             "vLLM's sampler without the overlay's patch: log-probs of the logits before temperature",
             _sampler_unpatched,
         ),
+        RolloutFault(
+            "w13-swap",
+            "vLLM's loader writes every expert's gate projection into the up half of w13 and up into the gate half",
+            _in_loader(_gate_up_exchanged),
+        ),
+        RolloutFault(
+            "wrong-ep-rank",
+            "vLLM's loader places each expert through an expert map shifted by one (another slot, another EP rank)",
+            _in_loader(_expert_map_shifted),
+        ),
+        RolloutFault(
+            "expert-transposed-load",
+            "vLLM's loader is handed expert 0's down_proj transposed in every MoE layer",
+            _in_loader(_first_expert_handed_transposed),
+        ),
+        RolloutFault(
+            "moe-loader-dropped",
+            "the experts' weight_loader missing in vLLM's model (verl's MoE loader patch not applied)",
+            _in_loader(_expert_loaders_dropped),
+        ),
     )
 }
 
@@ -252,7 +392,9 @@ def sync(
     ``fault`` planted in this sync (``previous``: the weights of the sync before, for the stale faults; ``probe``:
     prompts whose routing picks the expert of the per-expert faults)."""
     planned = Sync(weights) if fault is None else fault.plant(engine, weights, previous or weights, probe or [])
-    engine.model.check_complete(engine.load_weights(planned.weights.items(), recompute_mla=planned.recompute_mla))
+    with loader_change(engine, planned):
+        loaded = engine.load_weights(planned.weights.items(), recompute_mla=planned.recompute_mla)
+    engine.model.check_complete(loaded)
 
 
 # --- planting a fault into the rehearsal's engine -----------------------------------------------------------------
@@ -303,7 +445,8 @@ class Planter:
             if not planned.recompute_mla:
                 self._keep_mla_matrices()
         self.previous = current
-        return self._load(planned.weights.items())
+        with loader_change(self.llm, planned):
+            return self._load(planned.weights.items())
 
     def _keep_mla_matrices(self) -> None:
         """The next ``process_weights_after_loading`` of each MLA layer restores the matrices it has now."""

@@ -55,6 +55,21 @@ def test_a_stop_in_the_planted_step_passes_and_names_the_statistics(tmp_path: Pa
     assert verdict["checkpoints_left"] == ["global_step_1"]
 
 
+REFUSED = (
+    "ray.exceptions.RayTaskError(WeightSyncError): r1_ascend.cpu.engine.WeightSyncError: vLLM's DeepSeek-V3 "
+    "load_weights (CustomDeepseekV3ForCausalLM) refused 'model.layers.1.mlp.experts.0.down_proj.weight' of shape "
+    "(320, 64): RuntimeError: The size of tensor a (64) must match the size of tensor b (320).\n"
+)
+
+
+def test_a_sync_the_loader_refuses_stops_the_run_naming_the_tensor(tmp_path: Path) -> None:
+    text = "step:1 - critic/score/mean:0.2\n" + REFUSED
+    verdict = judge_stop(text, tmp_path / "run1.log", _out(tmp_path, [1]), "expert-transposed-load", 1, 30.0)
+    assert verdict["stopped_by"] == "vLLM's weight loader"
+    assert verdict["refused"] == "model.layers.1.mlp.experts.0.down_proj.weight"
+    assert verdict["checkpoints_left"] == ["global_step_1"]
+
+
 @pytest.mark.parametrize(
     ("text", "code", "steps", "expected"),
     [
@@ -62,8 +77,11 @@ def test_a_stop_in_the_planted_step_passes_and_names_the_statistics(tmp_path: Pa
         (STOP.format(step=1), 1, [], "stopped the run in step 1"),
         ("step:1 - a:1\nstep:2 - a:1\n" + STOP.format(step=2), 1, [1], "logged as a finished step"),
         (STOP.format(step=2), 1, [1, 2], "global_step_2 was saved"),
+        (REFUSED, 0, [1, 2], "did not stop the run"),
+        ("step:1 - a:1\nstep:2 - a:1\n" + REFUSED, 1, [1], "logged as a finished step"),
+        (REFUSED, 1, [1, 2], "global_step_2 was saved"),
     ],
-    ids=["missed", "wrong-step", "step-finished", "checkpointed"],
+    ids=["missed", "wrong-step", "step-finished", "checkpointed", "refused-exit-0", "refused-late", "refused-saved"],
 )
 def test_a_broken_stop_fails(tmp_path: Path, text: str, code: int, steps: list[int], expected: str) -> None:
     with pytest.raises(RehearsalError, match=expected):

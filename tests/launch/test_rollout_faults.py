@@ -145,3 +145,15 @@ def test_sampler_unpatched_keeps_the_tokens_and_reports_raw_logit_log_probs(mode
     token = first.token_ids[0]
     assert first.logprobs[0][token].logprob == pytest.approx(float(raw[token]), abs=1e-5)
     assert float(raw[token]) != pytest.approx(float(scaled[token]), abs=1e-3)
+
+
+@pytest.mark.parametrize("name", ["w13-swap", "wrong-ep-rank", "expert-transposed-load"])
+def test_a_layout_fault_says_it_needs_vllms_loader(model_dir: Path, monkeypatch, name: str) -> None:
+    """Planted in vLLM's own load_weights: an engine built without vLLM's model (no torch.distributed world) cannot
+    carry it, and says so instead of loading healthy weights. Planted in vLLM's model: tests/model/
+    test_vllm_deepseek_load.py; judged by the guard: tests/model/test_rollout_guard_faults.py."""
+    llm = _engine(model_dir, monkeypatch)
+    assert llm.model.vllm_loader.model is None
+    with pytest.raises(rollout_faults.RolloutFaultError, match="R1_ASCEND_ROLLOUT_VLLM_LOADER"):
+        rollout_faults.sync(llm, _weights(llm, 1), fault=rollout_faults.get(name))
+    assert llm.model.vllm_loader.change is None

@@ -2,10 +2,13 @@
 HF tensors through its ``load_weights`` and report what each parameter holds against the source tensors.
 
 Usage: python vllm_deepseek_child.py MODEL_DIR WORLD RANK PORT OUT_JSON
-One build, then one load per case: ``healthy``, and the planted layout faults ``w13-swap`` (every expert's gate and
-up exchanged in the weights handed over), ``transposed-expert`` (one expert's down_proj transposed) and
-``wrong-ep-rank`` (each MoE layer's expert map shifted by one while the weights load: experts land in another
-rank's or slot's place, and are read back through the layer's own map, as its kernels route).
+One build (as vLLM's loader leaves the model at start-up), then one load per case: ``unpatched`` (vLLM's
+``load_weights`` without verl's MoE loader patch), ``healthy``, and the layout faults the rehearsal plants in vLLM's
+loader (``r1_ascend.rehearse.rollout_faults``), loaded as the rollout engine's sync loads (``VLLMLoader``): ``w13-swap``
+(every expert's gate and up exchanged in ``w13``), ``expert-transposed-load`` (expert 0's down_proj handed over
+transposed) and ``wrong-ep-rank`` (each MoE layer's expert map shifted by one while the weights load: experts land in
+another rank's or slot's place, and are read back through the layer's own map, as its kernels route),
+``moe-loader-dropped`` (the experts' ``weight_loader`` missing, as without verl's patch).
 """
 
 from __future__ import annotations
@@ -21,58 +24,43 @@ npu_stub.install()
 import torch  # noqa: E402
 
 from r1_ascend.cpu import vllm_deepseek  # noqa: E402
+from r1_ascend.cpu.engine import VLLMLoader, WeightSyncError  # noqa: E402
+from r1_ascend.rehearse import rollout_faults  # noqa: E402
 from r1_ascend.weights.tiny import bf16_state_dict  # noqa: E402
 
-
-def planted(state: dict[str, torch.Tensor], fault: str) -> dict[str, torch.Tensor]:
-    state = dict(state)
-    if fault == "w13-swap":
-        for name in [n for n in state if ".experts." in n and n.endswith("gate_proj.weight")]:
-            up = name.replace("gate_proj", "up_proj")
-            state[name], state[up] = state[up], state[name]
-    elif fault == "transposed-expert":
-        name = next(n for n in state if ".experts.0.down_proj.weight" in n)
-        state[name] = state[name].t().contiguous()
-    return state
+#: ``unpatched`` first (vLLM's own load_weights, verl's MoE loader patch not yet applied), then the rollout engine's
+#: sync (``VLLMLoader``): healthy, and the layout faults the rehearsal plants in vLLM's loader
+CASES = ("unpatched", "healthy", "w13-swap", "expert-transposed-load", "wrong-ep-rank", "moe-loader-dropped")
 
 
-CASES = ("healthy", "w13-swap", "transposed-expert", "wrong-ep-rank")
-
-
-def load_case(model: torch.nn.Module, source: dict[str, torch.Tensor], fault: str, world: int) -> dict[str, object]:
-    maps = {module: module.expert_map for module in model.modules() if hasattr(module, "expert_map")}
-    if fault == "wrong-ep-rank":
-        for module in maps:
-            experts = module.global_num_experts
-            current = module.expert_map if module.expert_map is not None else torch.arange(experts)
-            module.expert_map = torch.roll(current, 1)
+def load_case(model: torch.nn.Module, source: dict[str, torch.Tensor], case: str) -> dict[str, object]:
     report: dict[str, object] = {}
+    if case == "unpatched":
+        try:
+            model.load_weights(iter(source.items()))
+        except AttributeError as error:
+            report["load_error"] = f"{type(error).__name__}: {error}"
+        return report
+    change = None
+    if case != "healthy":
+        planned = rollout_faults.get(case).plant(None, source, source, [])
+        assert planned.in_loader is not None, case
+        change = planned.in_loader
     try:
-        loaded = model.load_weights(iter(planted(source, fault).items()))
-    except Exception as error:  # the report names what the loader refused
-        report["load_error"] = f"{type(error).__name__}: {error}"
-        loaded = None
-    # the kernels route by the layer's own expert map: read back with it, whatever the loader used
-    for module, expert_map in maps.items():
-        module.expert_map = expert_map
-    # the read-back is a collective: every rank reads back only if every rank loaded
-    refused = torch.tensor([int(loaded is None)])
-    torch.distributed.all_reduce(refused)
-    if loaded is None or int(refused) > 0:
-        report.setdefault("load_error", "refused on another rank")
-    else:
-        report["unloaded"] = sorted(name for name, _ in model.named_parameters() if name not in loaded)
-        tensors = vllm_deepseek.hf_tensors(model)
-        report["experts"] = sorted(name for name in tensors if ".experts." in name)
-        report["differ"] = sorted(
-            name for name, tensor in tensors.items() if not torch.equal(tensor, source[name].to(tensor.dtype))
-        )
-        report["missing"] = sorted(name for name in source if name not in tensors)
-        report["held"] = {
-            name: [expert for expert, slot in enumerate(module.expert_map.tolist()) if slot >= 0]
-            for name, module in model.named_modules()
-            if getattr(module, "expert_map", None) is not None
-        }
+        tensors = dict(VLLMLoader(model, change=change).load(list(source.items())))
+    except WeightSyncError as error:
+        report["load_error"] = str(error)
+        return report
+    report["experts"] = sorted(name for name in tensors if ".experts." in name)
+    report["differ"] = sorted(
+        name for name, tensor in tensors.items() if not torch.equal(tensor, source[name].to(tensor.dtype))
+    )
+    report["missing"] = sorted(name for name in source if name not in tensors)
+    report["held"] = {
+        name: [expert for expert, slot in enumerate(module.expert_map.tolist()) if slot >= 0]
+        for name, module in model.named_modules()
+        if getattr(module, "expert_map", None) is not None
+    }
     return report
 
 
@@ -87,7 +75,7 @@ def main() -> None:
         "dtypes": {name: str(param.dtype) for name, param in model.named_parameters()},
     }
     for case in CASES:
-        report[case] = load_case(model, source, case, world)
+        report[case] = load_case(model, source, case)
     Path(out).write_text(json.dumps(report))
 
 
