@@ -333,6 +333,7 @@ CUDA_CALL_MODULES: dict[str, tuple[str, ...]] = {
     "megatron.core.optimizer.clip_grads": ("device='cuda'",),
     "megatron.core.optimizer.grad_scaler": ("device='cuda'",),
     "megatron.core.pipeline_parallel.schedules": ('device="cuda"',),
+    "megatron.core.pipeline_parallel.p2p_communication": ("torch.cuda.current_device()", "torch.cuda.synchronize()"),
     "megatron.core.dist_checkpointing.strategies.filesystem_async": ("torch.cuda.synchronize()",),
     "megatron.core.dist_checkpointing.strategies.async_utils": (
         "torch.cuda.synchronize()",
@@ -428,6 +429,19 @@ REPLACEMENTS: tuple[Replacement, ...] = (
         "no-op synchronisation and host buffers through the module-local torch",
     ),
     Replacement(
+        "torch.cuda in the pipeline's p2p",
+        "megatron/core/pipeline_parallel/p2p_communication.py:46,50,54,58 (the shapes exchanged first, "
+        "variable_seq_lengths), :106,403 (synchronize after batch_isend_irecv), :294,302 (receive buffers)",
+        "the activations and gradients sent between pipeline stages, and their shapes, are placed on the device",
+        "host tensors and a no-op synchronisation through the module-local torch (gloo sends host tensors)",
+    ),
+    Replacement(
+        "tensor.cuda() in the 1F1B schedule",
+        "megatron/core/pipeline_parallel/schedules.py:1828 (forward_backward_pipelining_without_interleaving)",
+        "the schedule's token count for the loss is moved to the device",
+        "during that schedule, .cuda() leaves a CPU tensor on the host",
+    ),
+    Replacement(
         "tensor.cuda() in the shard exchange",
         "megatron/core/dist_checkpointing/exchange_utils.py:317,478 (through fully_parallel.exchange_by_distribution)",
         "the fully parallel load moves each loaded shard to the device before broadcasting it to the other ranks",
@@ -506,12 +520,17 @@ def check_targets() -> list[str]:
         found = list(inspect.signature(function).parameters)
         if found != params:
             problems.append(f"DistributedOptimizer.{method}{tuple(params)} changed to {tuple(found)}")
+    schedules = importlib.import_module("megatron.core.pipeline_parallel.schedules")
+    pipelined = getattr(schedules, "forward_backward_pipelining_without_interleaving", None)
+    if pipelined is not None and ".cuda()" not in inspect.getsource(inspect.unwrap(pipelined)):
+        problems.append("the 1F1B schedule no longer moves a tensor with .cuda()")
     if 's["step"] = step' not in inspect.getsource(inspect.unwrap(optimizer_class.__dict__["load_state_dict"])):
         problems.append("DistributedOptimizer.load_state_dict no longer shares one Adam step across the states")
     for module_name, name in (
         ("megatron.core.optimizer.optimizer", "clip_grad_by_total_norm_fp32"),
         ("megatron.core.optimizer.distrib_optimizer", "quantize_param_shard"),
         ("megatron.core.dist_checkpointing.strategies.fully_parallel", "exchange_by_distribution"),
+        ("megatron.core.pipeline_parallel.schedules", "forward_backward_pipelining_without_interleaving"),
         ("megatron.core.dist_checkpointing.strategies.filesystem_async", "_write_item"),
     ):
         if not callable(getattr(importlib.import_module(module_name), name, None)):
@@ -673,6 +692,15 @@ def _install_checkpoint_exchange() -> None:
     _call_within(
         "megatron.core.dist_checkpointing.strategies.fully_parallel",
         "exchange_by_distribution",
+        _cuda_moves_stay_on_host,
+    )
+
+
+def _install_pipeline_schedule() -> None:
+    """The 1F1B schedule (pipeline-parallel size > 1) moves its token count with ``.cuda()`` (schedules.py:1828)."""
+    _call_within(
+        "megatron.core.pipeline_parallel.schedules",
+        "forward_backward_pipelining_without_interleaving",
         _cuda_moves_stay_on_host,
     )
 
@@ -884,6 +912,7 @@ def install() -> None:
     _install_cpu_model_placement()
     _install_distributed_optimizer_type_check()
     _install_checkpoint_exchange()
+    _install_pipeline_schedule()
     _install_write_item_signature()
     _install_optimizer_state_step()
     _INSTALLED = True

@@ -158,7 +158,8 @@ def vllm_config(
 def init_groups(config: Any, world_size: int, rank: int, init_method: str) -> None:
     """vLLM's world, TP and EP group coordinators and vllm-ascend's MC2 / LM-head groups, as its NPU worker builds
     them (``vllm_ascend/worker/worker_v1.py:301-308``), over gloo, with the config's TP size; on an initialised
-    torch.distributed world only the coordinators are built."""
+    torch.distributed world only the coordinators are built, and where vLLM's model-parallel groups exist already
+    (the overlay's ``vllm_dp_ep_groups`` builds them when rollout DP > 1) only vllm-ascend's are added."""
     from vllm.config import set_current_vllm_config
     from vllm.distributed import parallel_state
     from vllm_ascend.distributed.parallel_state import init_ascend_model_parallel
@@ -166,7 +167,8 @@ def init_groups(config: Any, world_size: int, rank: int, init_method: str) -> No
     name_npu_backend()
     with set_current_vllm_config(config):
         parallel_state.init_distributed_environment(world_size, rank, init_method, rank, GROUP_BACKEND)
-        parallel_state.initialize_model_parallel(config.parallel_config.tensor_parallel_size, 1, GROUP_BACKEND)
+        if not parallel_state.model_parallel_is_initialized():
+            parallel_state.initialize_model_parallel(config.parallel_config.tensor_parallel_size, 1, GROUP_BACKEND)
         parallel = config.parallel_config
         init_ascend_model_parallel(parallel.expert_parallel_size, parallel.lmhead_tp_size)
 

@@ -1,6 +1,8 @@
 """The rollout's weights through vLLM's own DeepSeek-V3 ``load_weights`` (vllm-ascend's class, built on the CPU):
-every HF tensor verl exports lands where vLLM's kernels read it, at TP 1 and under EP 2, and each planted layout
-fault (gate/up swapped, an expert transposed, experts in the wrong EP slot) is either refused or shows up."""
+every HF tensor verl exports lands where vLLM's kernels read it, at TP 1, at TP 2 with EP 2, and at TP 2 x DP 2 with
+EP 4 (the groups built by the overlay's vllm_dp_ep_groups), and each layout fault the rehearsal plants in vLLM's
+loader (gate/up swapped, an expert transposed, experts in the wrong EP slot, the experts' loaders dropped) is either
+refused on every rank or shows up."""
 
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def run_world(model_dir: Path, world: int, tmp_path: Path) -> list[dict]:
+def run_world(model_dir: Path, world: int, tmp_path: Path, dp: int = 1) -> list[dict]:
     from r1_ascend.rehearse.cluster import SITE
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SITE), os.environ.get("PYTHONPATH", "")]))}
@@ -43,7 +45,7 @@ def run_world(model_dir: Path, world: int, tmp_path: Path) -> list[dict]:
     outs = [tmp_path / f"rank{rank}.json" for rank in range(world)]
     children = [
         subprocess.Popen(
-            [sys.executable, str(CHILD), str(model_dir), str(world), str(rank), port, str(out)],
+            [sys.executable, str(CHILD), str(model_dir), str(world), str(rank), port, str(out), str(dp)],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -67,6 +69,30 @@ def ep2(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict]
     return run_world(model_dir, 2, tmp_path_factory.mktemp("ep2"))
 
 
+@pytest.fixture(scope="module")
+def dp2(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """Rollout TP 2 x DP 2 (EP 4), the groups built by the overlay's vllm_dp_ep_groups as on the cluster."""
+    return run_world(model_dir, 4, tmp_path_factory.mktemp("dp2"), dp=2)
+
+
+@pytest.fixture
+def layouts(tp1: dict, ep2: list[dict], dp2: list[dict]) -> dict[int, list[dict]]:
+    """The ranks' reports by world size: TP 1; TP 2 with EP 2; TP 2 x DP 2 with EP 4."""
+    return {1: [tp1], 2: ep2, 4: dp2}
+
+
+def test_at_rollout_dp_2_the_overlays_groups_are_the_engines(dp2: list[dict]) -> None:
+    """vllm_dp_ep_groups plans and builds TP {0,1},{2,3}, DP {0,2},{1,3} and EP over all four ranks; the engine's
+    ParallelConfig reads DP 2 from the VLLM_DP_* it exported, and every MoE layer runs at EP 4."""
+    for rank, report in enumerate(dp2):
+        groups = report["groups"]
+        assert groups["tp"] == groups["planned"]["tp_group"] == [rank // 2 * 2, rank // 2 * 2 + 1]
+        assert groups["dp"] == groups["planned"]["dp_group"] == [rank % 2, rank % 2 + 2]
+        assert groups["ep"] == groups["planned"]["ep_group"] == [0, 1, 2, 3]
+        assert groups["data_parallel_size"] == 2
+        assert set(groups["moe_ep_size"]) == {4}
+
+
 def test_the_registry_builds_vllm_ascends_deepseek_class(tp1: dict) -> None:
     assert tp1["class"] == "vllm_ascend.models.deepseek_v2.CustomDeepseekV3ForCausalLM"
 
@@ -78,14 +104,14 @@ def test_every_exported_tensor_lands_where_vllm_reads_it(tp1: dict) -> None:
     assert healthy["differ"] == []
 
 
-@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("world", [1, 2, 4])
 def test_after_start_up_the_experts_load_only_with_verls_moe_loader_patch(
-    world: int, tp1: dict, ep2: list[dict]
+    world: int, layouts: dict[int, list[dict]]
 ) -> None:
     # vllm-ascend's process_weights_after_loading replaces w13/w2 by parameters without a weight_loader: vLLM's own
     # load_weights fails on them, verl's patch_vllm_moe_model_weight_loader (run by the sync) puts the loaders back,
     # and a sync without it is refused naming the expert
-    for rank in [tp1] if world == 1 else ep2:
+    for rank in layouts[world]:
         assert "no attribute 'weight_loader'" in rank["unpatched"].get("load_error", ""), rank["unpatched"]
         dropped = rank["moe-loader-dropped"].get("load_error", "")
         assert "refused" in dropped, dropped
@@ -101,47 +127,51 @@ def test_the_routing_bias_is_held_in_the_model_dtype(tp1: dict) -> None:
     assert set(biases.values()) == {"torch.bfloat16"}
 
 
-@pytest.mark.parametrize("world", [1, 2])
-def test_a_gate_up_swap_in_the_loader_is_seen_in_every_expert(world: int, tp1: dict, ep2: list[dict]) -> None:
-    for rank in [tp1] if world == 1 else ep2:
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_a_gate_up_swap_in_the_loader_is_seen_in_every_expert(world: int, layouts: dict[int, list[dict]]) -> None:
+    for rank in layouts[world]:
         swapped = rank["w13-swap"]
         assert "load_error" not in swapped, swapped
         experts = [name for name in swapped["experts"] if name.endswith(("gate_proj.weight", "up_proj.weight"))]
         assert swapped["differ"] == sorted(experts)
 
 
-@pytest.mark.parametrize("world", [1, 2])
-def test_a_transposed_expert_is_refused_by_the_loader_on_every_rank(world: int, tp1: dict, ep2: list[dict]) -> None:
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_a_transposed_expert_is_refused_by_the_loader_on_every_rank(world: int, layouts: dict[int, list[dict]]) -> None:
     # the tiny model's experts are not square, so FusedMoE.weight_loader cannot copy a transposed one; the rank that
     # holds expert 0 names it, and the others stop with it instead of waiting in the read-back
-    errors = [rank["expert-transposed-load"].get("load_error", "") for rank in ([tp1] if world == 1 else ep2)]
+    errors = [rank["expert-transposed-load"].get("load_error", "") for rank in layouts[world]]
     assert all("refused" in error for error in errors), errors
     assert any(".experts.0.down_proj.weight" in error for error in errors), errors
 
 
-def test_under_tp_2_and_ep_2_every_tensor_is_whole_again(ep2: list[dict]) -> None:
-    for rank in ep2:
+@pytest.mark.parametrize("world", [2, 4])
+def test_every_tensor_is_whole_again_under_ep(world: int, layouts: dict[int, list[dict]]) -> None:
+    for rank in layouts[world]:
         healthy = rank["healthy"]
         assert "load_error" not in healthy, healthy
         assert healthy["missing"] == []
         assert healthy["differ"] == []
 
 
-def test_under_ep_2_each_rank_holds_half_the_experts_and_together_all(ep2: list[dict]) -> None:
+@pytest.mark.parametrize("world", [2, 4])
+def test_each_ep_rank_holds_its_share_of_the_experts_and_together_all(
+    world: int, layouts: dict[int, list[dict]]
+) -> None:
     config = deepseek_v3_config()
-    layers = ep2[0]["healthy"]["held"].keys()
+    ranks = layouts[world]
+    layers = ranks[0]["healthy"]["held"].keys()
     assert len(layers) == config["num_hidden_layers"] - config["first_k_dense_replace"]
     for layer in layers:
-        held = [set(rank["healthy"]["held"][layer]) for rank in ep2]
-        assert held[0].isdisjoint(held[1])
-        assert held[0] | held[1] == set(range(config["n_routed_experts"]))
-        assert len(held[0]) == len(held[1])
+        held = [set(rank["healthy"]["held"][layer]) for rank in ranks]
+        assert sum(len(h) for h in held) == config["n_routed_experts"], "disjoint"
+        assert set().union(*held) == set(range(config["n_routed_experts"]))
+        assert {len(h) for h in held} == {config["n_routed_experts"] // world}
 
 
-@pytest.mark.parametrize("world", [1, 2])
-def test_experts_in_the_wrong_ep_slot_are_seen(world: int, tp1: dict, ep2: list[dict]) -> None:
-    ranks = [tp1] if world == 1 else ep2
-    for rank in ranks:
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_experts_in_the_wrong_ep_slot_are_seen(world: int, layouts: dict[int, list[dict]]) -> None:
+    for rank in layouts[world]:
         wrong = rank["wrong-ep-rank"]
         assert "load_error" not in wrong
         assert wrong["differ"], "experts loaded into shifted slots read back as the source"

@@ -14,6 +14,7 @@ another rank's or slot's place, and are read back through the layer's own map, a
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -64,15 +65,45 @@ def load_case(model: torch.nn.Module, source: dict[str, torch.Tensor], case: str
     return report
 
 
+def overlay_groups(world: int, rank: int, port: str, dp: int) -> dict[str, object]:
+    """Rollout DP > 1 as on the cluster: torch.distributed first (verl's worker), then the overlay's
+    ``vllm_dp_ep_groups`` builds vLLM's TP, DP and EP groups and exports ``VLLM_DP_*``, which the engine's
+    ``ParallelConfig`` reads (vLLM's offline SPMD path)."""
+    from r1_ascend.patches.impl.dp_groups import init_dp_ep_groups
+    from r1_ascend.patches.rules.dp_layout import plan_dp_ep_layout
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, LOCAL_RANK=str(rank))
+    vllm_deepseek.name_npu_backend()
+    init = f"tcp://127.0.0.1:{port}"
+    torch.distributed.init_process_group(vllm_deepseek.GROUP_BACKEND, init_method=init, world_size=world, rank=rank)
+    layout = plan_dp_ep_layout(world, rank, world // dp)
+    init_dp_ep_groups(layout, local_rank=rank, backend=vllm_deepseek.GROUP_BACKEND)
+    return {"tp_group": list(layout.tp_group), "dp_group": list(layout.dp_group), "ep_group": list(layout.ep_group)}
+
+
 def main() -> None:
     model_dir, world, rank, port, out = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
-    config = vllm_deepseek.vllm_config(model_dir, torch.bfloat16, tensor_parallel_size=world, expert_parallel=world > 1)
+    dp = int(sys.argv[6]) if len(sys.argv) > 6 else 1
+    planned = overlay_groups(world, rank, port, dp) if dp > 1 else {}
+    tp = world // dp
+    config = vllm_deepseek.vllm_config(model_dir, torch.bfloat16, tensor_parallel_size=tp, expert_parallel=world > 1)
     vllm_deepseek.init_groups(config, world, rank, f"tcp://127.0.0.1:{port}")
     model = vllm_deepseek.build(config)
+    from vllm.distributed import parallel_state
+
+    groups = {
+        "tp": parallel_state.get_tp_group().ranks,
+        "dp": parallel_state.get_dp_group().ranks,
+        "ep": parallel_state.get_ep_group().ranks,
+        "planned": planned,
+        "data_parallel_size": config.parallel_config.data_parallel_size,
+        "moe_ep_size": [m.moe_parallel_config.ep_size for m in model.modules() if hasattr(m, "moe_parallel_config")],
+    }
     source = bf16_state_dict(json.loads((model_dir / "config.json").read_text()), 0)
     report: dict[str, object] = {
         "class": f"{type(model).__module__}.{type(model).__qualname__}",
         "dtypes": {name: str(param.dtype) for name, param in model.named_parameters()},
+        "groups": groups,
     }
     for case in CASES:
         report[case] = load_case(model, source, case)
