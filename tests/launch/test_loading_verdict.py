@@ -3,13 +3,24 @@
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from r1_ascend.rehearse.lifecycle import VLLM_LOADER, LifecycleError, check_loading
+from r1_ascend.rehearse.lifecycle import (
+    CYCLE,
+    SAMPLER_PATCH,
+    VLLM_LOADER,
+    LifecycleError,
+    check_loading,
+    check_rollout_path,
+    check_sampling,
+)
 
 
 def run(workers: int, syncs: int) -> list[dict[str, Any]]:
@@ -64,3 +75,58 @@ def test_a_load_without_a_sync_and_no_sync_at_all_are_refused() -> None:
         check_loading([{"t": 0, "pid": 1, "event": "loaded", "model": VLLM_LOADER, "loads": 1}], set())
     with pytest.raises(LifecycleError, match="no worker recorded a weight sync"):
         check_loading([], set())
+
+
+def test_the_error_names_the_class_that_loaded() -> None:
+    events = run(1, 2)
+    events[-1]["model"] = "somewhere.OtherModel"
+    with pytest.raises(LifecycleError, match=r"left 2 loads by somewhere\.OtherModel, expected"):
+        check_loading(events, set())
+
+
+def test_no_sync_at_all_is_an_error() -> None:
+    with pytest.raises(LifecycleError, match=r"^no worker recorded a weight sync$"):
+        check_loading([], set())
+
+
+def rollout_records(pids: tuple[int, ...] = (101, 102), cycles: int = 2) -> list[dict[str, Any]]:
+    """Each worker's records as the rehearsal's hooks write them: whole cycles, each sync loaded through vLLM's class
+    and each generation sampled through the patched sampler."""
+    events: list[dict[str, Any]] = []
+    t = 0.0
+    for pid in pids:
+        syncs = 0
+        for name in ["release"] + [step for _ in range(cycles) for step in CYCLE]:
+            t += 0.01
+            events.append({"t": t, "pid": pid, "event": name})
+            if name == "update_weights":
+                syncs += 1
+                t += 0.01
+                events.append({"t": t, "pid": pid, "event": "loaded", "model": VLLM_LOADER, "loads": syncs})
+            elif name == "generate":
+                t += 0.01
+                events.append({"t": t, "pid": pid, "event": "sampled", "calls": 8, "patched_by": [SAMPLER_PATCH]})
+    return events
+
+
+def write(directory: Path, events: list[dict[str, Any]]) -> Path:
+    for pid in {e["pid"] for e in events}:
+        lines = [json.dumps(e) for e in events if e["pid"] == pid]
+        (directory / f"lifecycle-{pid}.log").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return directory
+
+
+def test_the_rollout_path_holds_the_sampler_and_the_loader_verdicts(tmp_path: Path) -> None:
+    verdict = check_rollout_path(write(tmp_path, rollout_records()), set())
+    assert set(verdict) == {"sampling", "weight_loading"}
+    assert verdict["weight_loading"] == f"4 weight syncs through {VLLM_LOADER}.load_weights"
+    assert verdict["sampling"] == check_sampling(rollout_records(), set())
+
+
+@pytest.mark.parametrize("dropped", ["loaded", "sampled"])
+def test_a_rollout_path_failure_names_the_records(tmp_path: Path, dropped: str) -> None:
+    events = rollout_records()
+    first = next(i for i, e in enumerate(events) if e["event"] == dropped)
+    del events[first]
+    with pytest.raises(LifecycleError, match=f"; records: {re.escape(str(tmp_path))}$"):
+        check_rollout_path(write(tmp_path, events), set())
