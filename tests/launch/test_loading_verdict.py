@@ -130,3 +130,15 @@ def test_a_rollout_path_failure_names_the_records(tmp_path: Path, dropped: str) 
     del events[first]
     with pytest.raises(LifecycleError, match=f"; records: {re.escape(str(tmp_path))}$"):
         check_rollout_path(write(tmp_path, events), set())
+
+
+def test_the_rollout_path_spares_the_killed_workers_last_sync(tmp_path: Path) -> None:
+    """A worker killed during a sync leaves neither that sync's load nor its generation's sampling record."""
+    events = rollout_records()
+    last_cycle = [i for i, e in enumerate(events) if e["pid"] == 102][-len(CYCLE) - 2 :]
+    cut = next(i for i in last_cycle if events[i]["event"] == "update_weights")
+    events = events[: cut + 1]
+    write(tmp_path, events)
+    with pytest.raises(LifecycleError, match="without its load"):
+        check_rollout_path(tmp_path, set())
+    assert check_rollout_path(tmp_path, {102})["weight_loading"].startswith("4 weight syncs")

@@ -106,3 +106,12 @@ def test_any_generation_left_without_its_sampling_fails_unless_the_worker_was_ki
     else:
         with pytest.raises(LifecycleError, match=rf"{pid}.*(without its sampling|no sampling before)"):
             check_sampling(kept, killed)
+
+
+def test_one_sampler_call_is_enough_and_a_record_without_a_count_is_not() -> None:
+    """A one-token response calls the sampler once; a record that does not say how often it ran proves nothing."""
+    assert check_sampling(records(calls=1), set())
+    events = records()
+    del events[sampled_indices(events)[0]]["calls"]
+    with pytest.raises(LifecycleError, match="called None times"):
+        check_sampling(events, set())
