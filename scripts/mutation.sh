@@ -31,7 +31,7 @@ rules/rollout_guard|patches/rules/rollout_guard.py|tests/patches/test_verl_rollo
 rules/switches|patches/rules/switches.py|tests/patches/test_rules.py tests/patches/test_switch_rules.py|
 rules/watchdog|patches/rules/watchdog.py|tests/patches/test_verl_worker_watchdog.py tests/patches/test_watchdog_rules.py|
 launch/pitfalls|r1_ascend/launch/pitfalls.py|tests/launch/test_pitfalls.py tests/launch/test_pitfall_boundaries.py|
-rehearse/verdicts|r1_ascend/rehearse/verdicts.py|tests/launch/test_rehearse_verdicts.py tests/launch/test_rehearse_verdict_boundaries.py tests/launch/test_rehearse_faults.py tests/launch/test_model_summary.py|
+rehearse/verdicts|r1_ascend/rehearse/verdicts.py|tests/launch/test_rehearse_verdicts.py tests/launch/test_rehearse_verdict_boundaries.py tests/launch/test_rehearse_faults.py tests/launch/test_model_summary.py tests/launch/test_judge_training.py|
 rehearse/lifecycle|r1_ascend/rehearse/lifecycle.py|tests/launch/test_rehearse_verdicts.py tests/launch/test_rehearse_verdict_boundaries.py tests/launch/test_rehearse_faults.py tests/launch/test_loading_verdict.py tests/launch/test_sampling_verdict.py tests/launch/test_fault_verdicts.py|
 rehearse/training|r1_ascend/rehearse/training.py|tests/launch/test_rehearse_training.py tests/launch/test_rehearse_training_boundaries.py|
 rehearse/faults|r1_ascend/rehearse/faults.py|tests/launch/test_rehearse_faults.py tests/launch/test_fault_verdicts.py|plan_for|check_kept|check_refusal|require_complete|error_line|time_to_stop|alive
