@@ -3,8 +3,10 @@
 Each fault is one way the rollout can decode from a policy other than the actor's while producing fluent text: the
 classes seen in the issue trackers of this stack (a sync that was skipped or left some layers stale, expert weights
 swapped or mis-laid after wake-up, MLA's derived matrices not recomputed, the two engines configured differently).
-A fault acts on the weights of one sync (the HF-named tensors the actor exported, and those of the previous sync)
-or on the engine's model configuration; it never touches the actor. Used by the guard's calibration
+A fault acts on the weights of one sync (the HF-named tensors the actor exported, and those of the previous sync),
+on the engine's model configuration, or, for the layout faults, on vLLM's DeepSeek-V3 loader while that sync's
+``load_weights`` runs (gate and up exchanged in ``w13``, experts placed through a shifted expert map, an expert handed
+over transposed, the experts' ``weight_loader`` dropped); it never touches the actor. Used by the guard's calibration
 (:mod:`r1_ascend.rehearse.guard_calibration`, ``benchmarks/rollout_guard_bench.py``) and its tests.
 """
 
