@@ -39,13 +39,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _reexec_with_site() -> None:
     """Once: run again with the rehearsal's CPU site first on ``PYTHONPATH`` (its ``sitecustomize`` installs them)."""
-    from r1_ascend.rehearse.cluster import SITE
+    from r1_ascend.rehearse.cluster import SITE, with_site
 
     if str(SITE) in sys.path:
         return
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SITE), env.get("PYTHONPATH", "")]))
-    sys.exit(subprocess.call([sys.executable, *sys.argv], env=env))
+    sys.exit(subprocess.call([sys.executable, *sys.argv], env=with_site(os.environ)))
 
 
 def _levels(config_path: Path | None) -> Any:

@@ -284,7 +284,7 @@ class VLLMLoader:
         from r1_ascend.cpu.vllm_deepseek import hf_tensors
 
         assert self.model is not None
-        refusal = self._refusal(weights)
+        refusal = self._load_or_refusal(weights)
         group = get_world_group()
         refusals: list[str | None] = [None] * group.world_size
         torch.distributed.all_gather_object(refusals, refusal, group=group.cpu_group)
@@ -300,7 +300,7 @@ class VLLMLoader:
             raise WeightSyncError(msg)
         return [(name, held[name]) for name, _ in weights]
 
-    def _refusal(self, weights: list[tuple[str, torch.Tensor]]) -> str | None:
+    def _load_or_refusal(self, weights: list[tuple[str, torch.Tensor]]) -> str | None:
         """vLLM's ``load_weights`` on ``weights`` after verl's MoE loader patch; what it refused, or None."""
         from verl.utils.vllm.patch import patch_vllm_moe_model_weight_loader
 

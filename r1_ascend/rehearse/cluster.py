@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +35,12 @@ from r1_ascend.rehearse.progress import RehearsalError, log_progress, read_log
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "ray_start_npu.sh"
 SITE = Path(__file__).resolve().parent / "site"
+
+
+def with_site(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with :data:`SITE` first on ``PYTHONPATH``: its ``sitecustomize`` installs the ``torch_npu`` and
+    MindSpeed stand-ins, as in every process of the rehearsal."""
+    return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(SITE), env.get("PYTHONPATH", "")]))}
 
 
 @dataclass
@@ -90,11 +97,10 @@ def node_envs(out: Path, plan: Plan, launch: Path) -> tuple[list[dict[str, str]]
     temp_dir = f"/tmp/r1rh-{uuid.uuid4().hex[:8]}"  # short: Ray's socket paths must stay under 108 bytes
     port = unused_local_port()
     base = {
-        **os.environ,
+        **with_site(os.environ),
         "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
         "PYTHON": sys.executable,
         "RAY": str(ray_wrapper),
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(SITE), os.environ.get("PYTHONPATH", "")])),
         "NNODES": str(plan.nodes),
         "NPUS_PER_NODE": str(plan.npus_per_node),
         "MASTER_ADDR": node_ip(0),

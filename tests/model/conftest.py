@@ -24,10 +24,9 @@ def _run_check(weights: Path, *extra: str, env: dict[str, str] | None = None) ->
     out = Path(tempfile.mkdtemp()) / "gap.json"
     cmd = [sys.executable, "-m", "r1_ascend.weights.model_check", "--cpu", "--hf-dir", str(weights / "hf-bf16")]
     cmd += ["--json", str(out)]
-    from r1_ascend.rehearse.cluster import SITE  # torch_npu / MindSpeed stand-ins, as in the rehearsal's processes
+    from r1_ascend.rehearse.cluster import with_site  # torch_npu / MindSpeed stand-ins, as in the rehearsal
 
-    python_path = os.pathsep.join(filter(None, [str(SITE), os.environ.get("PYTHONPATH", "")]))
-    full_env = {**os.environ, "PYTHONPATH": python_path, **(env or {})}
+    full_env = {**with_site(os.environ), **(env or {})}
     done = subprocess.run([*cmd, *extra], capture_output=True, text=True, check=False, env=full_env, timeout=900)
     result = json.loads(out.read_text(encoding="utf-8")) if out.is_file() else {}
     return done.returncode, result, done.stdout + done.stderr

@@ -12,32 +12,27 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from r1_ascend.ports import unused_local_port
+
 pytestmark = pytest.mark.slow
 
 SCRIPT = Path(__file__).with_name("megatron_pipeline.py")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def ranks(converted: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, list[dict]]:
     """The PP 1 reference and the two PP 2 ranks, run side by side."""
-    from r1_ascend.rehearse.cluster import SITE
+    from r1_ascend.rehearse.cluster import with_site
 
     tmp = tmp_path_factory.mktemp("pipeline")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SITE), os.environ.get("PYTHONPATH", "")]))}
-    runs = [(1, 0, free_port()), *((2, rank, port) for port in [free_port()] for rank in (0, 1))]
+    env = with_site(os.environ)
+    runs = [(1, 0, unused_local_port()), *((2, rank, port) for port in [unused_local_port()] for rank in (0, 1))]
     outs = [tmp / f"pp{world}-rank{rank}.json" for world, rank, _ in runs]
     children = [
         subprocess.Popen(

@@ -18,9 +18,9 @@ SCRIPT = Path(__file__).with_name("megatron_resume.py")
 
 
 def run(weights: Path, checkpoint: Path, mode: str, out: Path) -> dict:
-    from r1_ascend.rehearse.cluster import SITE
+    from r1_ascend.rehearse.cluster import with_site
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SITE), os.environ.get("PYTHONPATH", "")]))}
+    env = with_site(os.environ)
     cmd = [sys.executable, str(SCRIPT), str(weights), str(checkpoint), mode, str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env, timeout=900)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]

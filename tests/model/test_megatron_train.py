@@ -17,10 +17,10 @@ SCRIPT = Path(__file__).with_name("megatron_train.py")
 
 
 def train(weights: Path, lr: float, steps: int, tmp_path: Path) -> dict:
-    from r1_ascend.rehearse.cluster import SITE
+    from r1_ascend.rehearse.cluster import with_site
 
     out = tmp_path / f"train-{lr}.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SITE), os.environ.get("PYTHONPATH", "")]))}
+    env = with_site(os.environ)
     cmd = [sys.executable, str(SCRIPT), str(weights), str(lr), str(steps), str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env, timeout=900)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]

@@ -143,11 +143,11 @@ def test_only_the_first_layers_are_read(converted: Path, run_check: Callable, tm
 def test_truncated_models_equal_full_models_cut_by_hand(converted: Path, tmp_path: Path) -> None:
     import os
 
-    from r1_ascend.rehearse.cluster import SITE
+    from r1_ascend.rehearse.cluster import with_site
 
     out = tmp_path / "reference.json"
     script = Path(__file__).with_name("layer_reference.py")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SITE), os.environ.get("PYTHONPATH", "")]))}
+    env = with_site(os.environ)
     done = subprocess.run(
         [sys.executable, str(script), str(converted), "2", str(out)],
         capture_output=True,

@@ -8,24 +8,18 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from r1_ascend.ports import unused_local_port
 from r1_ascend.weights.tiny import deepseek_v3_config
 
 pytestmark = pytest.mark.slow
 
 CHILD = Path(__file__).with_name("vllm_deepseek_child.py")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -38,10 +32,10 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run_world(model_dir: Path, world: int, tmp_path: Path, dp: int = 1) -> list[dict]:
-    from r1_ascend.rehearse.cluster import SITE
+    from r1_ascend.rehearse.cluster import with_site
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SITE), os.environ.get("PYTHONPATH", "")]))}
-    port = str(free_port())
+    env = with_site(os.environ)
+    port = str(unused_local_port())
     outs = [tmp_path / f"rank{rank}.json" for rank in range(world)]
     children = [
         subprocess.Popen(
