@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from r1_ascend.testing import npu_stub
+from r1_ascend.testing import bf16_gemm, npu_stub
 
 # Under pytest-xdist each worker would run torch with one thread per core, and two workers on two cores then fight
 # over them: the checkpoint build with balanced routers took 132 s beside another against 23 s with one thread each
@@ -27,6 +27,7 @@ if _XDIST_WORKERS > 1:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // _XDIST_WORKERS)))
 
 npu_stub.install()
+bf16_gemm.install()  # as in every process of the rehearsal (r1_ascend.testing.stand_in_site)
 
 # Hypothesis fails an example that takes over 200 ms by default: with two test workers sharing two cores beside a
 # rehearsal that is load, not a bug. The time bounds that are rules (the reward's per-answer bound, a fault's stop

@@ -68,6 +68,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fault-step", type=int, default=3)
     parser.add_argument("--faults", nargs="*", help="fault names (default: all)")
     parser.add_argument("--fault-seeds", type=int, nargs="+", help="seeds of the fault runs (default: --seeds)")
+    parser.add_argument(
+        "--fresh",
+        nargs="*",
+        default=[],
+        help="also plant these faults on a loop of their own (no fork), at the first fault seed: the check that a "
+        "fault's forked step equals it",
+    )
     parser.add_argument("--weights", type=Path, help="the quickstart's converted weights (default: made in a tmp dir)")
     parser.add_argument(
         "--config", type=Path, help="judge with this config's guard levels (default: the CPU rehearsal's levels)"
@@ -91,13 +98,33 @@ def main(argv: list[str] | None = None) -> int:
         records: list[dict[str, Any]] = []
         healthy: dict[str, dict[str, list[float]]] = {}
         started = time.perf_counter()
-        for dtype in args.dtypes:
-            for seed in args.seeds:
-                for result in gc.healthy(gc.Setup(hf_dir, mcore, dtype=dtype, seed=seed), args.steps):
+        names = args.faults if args.faults else list(rollout_faults.FAULTS)
+        fault_seeds = args.fault_seeds or args.seeds
+        planted: dict[tuple[str, int], Any] = {}
+        # one loop per (dtype, seed): the faults (bf16) branch off its healthy steps before --fault-step
+        for dtype in dict.fromkeys([*args.dtypes, *(["bf16"] if names else [])]):
+            for seed in dict.fromkeys([*args.seeds, *(fault_seeds if dtype == "bf16" else [])]):
+                steps = args.steps if dtype in args.dtypes and seed in args.seeds else 0
+                here = names if dtype == "bf16" and seed in fault_seeds else []
+                run = gc.branched(gc.Setup(hf_dir, mcore, dtype=dtype, seed=seed), steps, here, args.fault_step)
+                for result in run.healthy:
                     records.append({"kind": "healthy", "dtype": dtype, "seed": seed, **_record(result)})
                     for name, value in result.values.items():
                         healthy.setdefault(dtype, {}).setdefault(name, []).append(value)
-                print(f"healthy {dtype} seed {seed}: {time.perf_counter() - started:.0f} s", flush=True)
+                planted |= {(name, seed): outcome for name, outcome in run.faults.items()}
+                print(
+                    f"{dtype} seed {seed}: {len(run.healthy)} healthy steps, {len(here)} faults, "
+                    f"{time.perf_counter() - started:.0f} s",
+                    flush=True,
+                )
+        for name in args.fresh:
+            seed = fault_seeds[0]
+            try:
+                fresh = _record(gc.planted(gc.Setup(hf_dir, mcore, dtype="bf16", seed=seed), name, args.fault_step)[-1])
+            except gc.SyncRefused as refused:
+                fresh = {"step": refused.step, "fault": name, "refused": refused.message}
+            records.append({"kind": "fresh", "dtype": "bf16", "seed": seed, **fresh})
+            print(f"{name} on a loop of its own, seed {seed}: {time.perf_counter() - started:.0f} s", flush=True)
         print()
         for dtype, by_name in healthy.items():
             steps = len(next(iter(by_name.values())))
@@ -113,26 +140,24 @@ def main(argv: list[str] | None = None) -> int:
             warned = [r for r in records if r["kind"] == "healthy" and r["dtype"] == dtype and _judge(r, levels)[0]]
             print(f"  steps above a warn level: {len(warned)}")
         print()
-        names = args.faults if args.faults else list(rollout_faults.FAULTS)
         reference = healthy.get("bf16") or next(iter(healthy.values()))
         print(f"faults planted at step {args.fault_step} (bf16); separation = value / healthy bf16 max")
         print(f"  {'fault':<20} {'seed':>4} " + " ".join(f"{n:>22}" for n in guard.GATED) + "  verdict")
         for name in names:
-            for seed in args.fault_seeds or args.seeds:
-                try:
-                    result = gc.planted(gc.Setup(hf_dir, mcore, dtype="bf16", seed=seed), name, args.fault_step)[-1]
-                except gc.SyncRefused as refused:
+            for seed in fault_seeds:
+                result = planted[name, seed]
+                if isinstance(result, gc.SyncRefused):
                     records.append(
                         {
                             "kind": "fault",
                             "dtype": "bf16",
                             "seed": seed,
-                            "step": refused.step,
+                            "step": result.step,
                             "fault": name,
-                            "refused": refused.message,
+                            "refused": result.message,
                         }
                     )
-                    print(f"  {name:<20} {seed:>4}  REFUSED by the loader in step {refused.step}: {refused.message}")
+                    print(f"  {name:<20} {seed:>4}  REFUSED by the loader in step {result.step}: {result.message}")
                     continue
                 record = {"kind": "fault", "dtype": "bf16", "seed": seed, **_record(result)}
                 records.append(record)

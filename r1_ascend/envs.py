@@ -61,6 +61,9 @@ R1_ASCEND_REHEARSE_SHUFFLE_REWARDS = "R1_ASCEND_REHEARSE_SHUFFLE_REWARDS"
 #: ``0``: the CPU engine copies each weight sync into its transformers model directly instead of through vLLM's own
 #: DeepSeek-V3 ``load_weights`` (``r1_ascend.cpu.vllm_deepseek``). Unset: through vLLM's.
 R1_ASCEND_ROLLOUT_VLLM_LOADER = "R1_ASCEND_ROLLOUT_VLLM_LOADER"
+#: ``native``: the CPU stand-ins leave torch's own bf16 matrix-product kernels in place. Unset or ``fp32-accumulate``:
+#: bf16 operands are multiplied in fp32 and rounded once (r1_ascend.testing.bf16_gemm).
+R1_ASCEND_CPU_BF16_GEMM = "R1_ASCEND_CPU_BF16_GEMM"
 #: ``dead-expert@LAYER:EXPERT``: the CPU rehearsal's actor and reference get that expert's router bias at -inf once
 #: their weights are loaded, so no token is ever routed to it (``r1-ascend rehearse --fault dead-expert``). Unset:
 #: none.
@@ -161,6 +164,19 @@ def rollout_vllm_loader(environ: Mapping[str, str] | None = None) -> bool:
         msg = f"{R1_ASCEND_ROLLOUT_VLLM_LOADER}={raw!r}: expected 1 (weights through vLLM's load_weights) or 0"
         raise ValueError(msg)
     return raw == "1"
+
+
+def cpu_bf16_gemm(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the CPU stand-ins replace torch's bf16 matrix-product kernels (``R1_ASCEND_CPU_BF16_GEMM``, on unless
+    ``native``)."""
+    raw = _env(environ).get(R1_ASCEND_CPU_BF16_GEMM) or "fp32-accumulate"
+    if raw not in ("fp32-accumulate", "native"):
+        msg = (
+            f"{R1_ASCEND_CPU_BF16_GEMM}={raw!r}: expected 'fp32-accumulate' (the default) or 'native' (torch's own "
+            "bf16 kernels)"
+        )
+        raise ValueError(msg)
+    return raw == "fp32-accumulate"
 
 
 def rehearse_shuffle_rewards(environ: Mapping[str, str] | None = None) -> bool:

@@ -41,3 +41,9 @@ def test_start_up_imports_none_of_them(site: Path) -> None:
 @pytest.mark.parametrize("first", sorted(FIRST_IMPORTS))
 def test_the_stand_ins_are_there_whichever_comes_first(first: str) -> None:
     assert _python(SITE, f"{FIRST_IMPORTS[first]}\n{CHECK}") == "False True 0"
+
+
+@pytest.mark.parametrize("site", [SITE, TESTS_SITE], ids=["rehearsal", "tests"])
+def test_every_process_that_uses_torch_multiplies_bf16_with_fp32_accumulation(site: Path) -> None:
+    code = "import torch\nfrom r1_ascend.testing import bf16_gemm\nprint(bf16_gemm.installed())"
+    assert _python(site, code) == "True"

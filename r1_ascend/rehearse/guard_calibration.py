@@ -20,6 +20,8 @@ optimizer, no PPO clipping or KL term. The rollout side and the statistic are th
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import io
 from dataclasses import dataclass
 from pathlib import Path
@@ -242,13 +244,157 @@ class SyncRefused(RuntimeError):
 def planted(setup: Setup, fault_name: str, at_step: int) -> list[StepResult]:
     """Healthy steps, then ``fault_name`` planted in the sync of step ``at_step`` (the last step measured).
     Raises :class:`SyncRefused` when the loader refuses that sync."""
+    loop = Loop.build(setup)
+    results = [loop.run_step() for _ in range(1, at_step)]
+    results.append(_faulted_step(loop, fault_name))
+    return results
+
+
+@dataclass
+class SeedRun:
+    """One seed's healthy steps and, per fault, its planted step's result or the loader's refusal."""
+
+    healthy: list[StepResult]
+    faults: dict[str, StepResult | SyncRefused]
+
+
+class BranchLeakError(RuntimeError):
+    """A fault's step left state behind that the snapshot did not put back: a branched result would be wrong."""
+
+
+def branched(setup: Setup, steps: int, fault_names: list[str], at_step: int) -> SeedRun:
+    """``steps`` healthy steps and every fault planted at ``at_step``, on one loop. The healthy steps before
+    ``at_step`` are the same for every fault (same seed, same data), so they run once; each fault's step then runs
+    from a snapshot of the loop after step ``at_step - 1`` (:class:`LoopSnapshot`), which is put back after it for
+    the next fault and the healthy steps that follow. The first fault's step runs again after the last one and must
+    give the same statistics bit for bit (:class:`BranchLeakError` otherwise); ``--fresh`` of the bench compares a
+    branched fault with the same fault planted on a loop of its own."""
+    if at_step < 1:
+        raise ValueError(f"faults are planted in a step >= 1, not {at_step}")
+    loop = Loop.build(setup)
+    results: list[StepResult] = []
+    faults: dict[str, StepResult | SyncRefused] = {}
+    for step in range(1, max(steps, at_step - 1 if fault_names else 0) + 1):
+        if step == at_step:
+            faults = _branches(loop, fault_names)
+        results.append(loop.run_step())
+    if fault_names and not faults:
+        faults = _branches(loop, fault_names)
+    return SeedRun(results[:steps], faults)
+
+
+def _branches(loop: Loop, fault_names: list[str]) -> dict[str, StepResult | SyncRefused]:
+    snapshot = LoopSnapshot.take(loop)
+    outcomes: dict[str, StepResult | SyncRefused] = {}
+    for name in [*fault_names, fault_names[0]]:
+        try:
+            outcome: StepResult | SyncRefused = _faulted_step(loop, name)
+        except SyncRefused as refused:
+            outcome = refused
+        snapshot.restore(loop)
+        if name in outcomes:
+            if _outcome_key(outcome) != _outcome_key(outcomes[name]):
+                msg = (
+                    f"{name} planted again after {', '.join(fault_names[1:])} gave a different step "
+                    f"({_outcome_key(outcomes[name])} then {_outcome_key(outcome)}): a fault's step changed state "
+                    "LoopSnapshot does not restore"
+                )
+                raise BranchLeakError(msg)
+            continue
+        outcomes[name] = outcome
+    return outcomes
+
+
+def _outcome_key(outcome: StepResult | SyncRefused) -> str:
+    """What must repeat exactly (repr: a NaN statistic equals itself here)."""
+    if isinstance(outcome, SyncRefused):
+        return f"refused: {outcome.message}"
+    return repr((outcome.reward, sorted(dataclasses.asdict(outcome.stats).items())))
+
+
+def _faulted_step(loop: Loop, fault_name: str) -> StepResult:
     from r1_ascend.cpu.engine import WeightSyncError
 
-    loop = Loop.build(setup)
-    fault = rollout_faults.get(fault_name)
-    results = [loop.run_step() for _ in range(1, at_step)]
     try:
-        results.append(loop.run_step(fault))
+        return loop.run_step(rollout_faults.get(fault_name))
     except WeightSyncError as error:
-        raise SyncRefused(at_step, fault_name, str(error)) from error
-    return results
+        raise SyncRefused(loop.step, fault_name, str(error)) from error
+
+
+@dataclass
+class ModuleTreeCopy:
+    """Every module under some roots, copied so that it can be put back in place: its attributes, child modules,
+    parameters and buffers (a fault may replace a module or set a config attribute) and the values of its tensors (an
+    update changes parameters in place). Put back in place because other objects hold the same modules and tensors
+    (the optimizer its parameters, the engine's runner its model)."""
+
+    modules: list[tuple[torch.nn.Module, dict[str, Any]]]
+    tensors: list[tuple[torch.Tensor, torch.Tensor]]
+
+    @classmethod
+    def take(cls, roots: list[torch.nn.Module]) -> ModuleTreeCopy:
+        modules, tensors, seen = [], [], set()
+        for module in {id(m): m for root in roots for m in root.modules()}.values():
+            state = dict(module.__dict__)
+            for key in _MODULE_DICTS:
+                state[key] = dict(state[key])
+            modules.append((module, state))
+            for value in [*state["_parameters"].values(), *state["_buffers"].values(), *state.values()]:
+                if isinstance(value, torch.Tensor) and id(value) not in seen:
+                    seen.add(id(value))
+                    tensors.append((value, value.detach().clone()))
+        return cls(modules, tensors)
+
+    def restore(self) -> None:
+        for module, state in self.modules:
+            module.__dict__.clear()
+            module.__dict__.update(state)
+            for key in _MODULE_DICTS:
+                module.__dict__[key] = dict(state[key])
+        with torch.no_grad():
+            for live, saved in self.tensors:
+                if live.shape == saved.shape and live.dtype == saved.dtype:
+                    live.copy_(saved)
+                else:
+                    live.data = saved.clone()
+
+
+_MODULE_DICTS = ("_parameters", "_buffers", "_modules")
+
+
+@dataclass
+class LoopSnapshot:
+    """What a step of :class:`Loop` changes, put back by :meth:`restore`: the actor's and the engine's modules
+    (:class:`ModuleTreeCopy`), the optimizer's state, the MLA layers' derived matrices, the engine's sampler and
+    sampling generator, torch's global generator, and the loop's weights of the previous sync and step count."""
+
+    modules: ModuleTreeCopy
+    attributes: list[tuple[Any, str, Any]]
+    optimizer: dict[str, Any]
+    generators: list[tuple[torch.Generator, torch.Tensor]]
+    loop: tuple[dict[str, torch.Tensor] | None, int]
+
+    @classmethod
+    def take(cls, loop: Loop) -> LoopSnapshot:
+        from r1_ascend.patches.impl.rollout_memory import MLA_DERIVED_MATRICES, mla_impls
+
+        roots: list[torch.nn.Module] = [*loop.actor, loop.engine.model]
+        vllm_loader = getattr(loop.engine.model, "vllm_loader", None)
+        if vllm_loader is not None and vllm_loader.model is not None:
+            roots.append(vllm_loader.model)
+        attributes: list[tuple[Any, str, Any]] = [(loop.engine, "sampler", loop.engine.sampler)]
+        for impl in mla_impls(loop.engine.runner.forward_context):
+            attributes += [(impl, name, getattr(impl, name).clone()) for name in MLA_DERIVED_MATRICES]
+        generators = [(g, g.get_state()) for g in (loop.engine.generator, torch.default_generator)]
+        optimizer = copy.deepcopy(loop.optimizer.state_dict())
+        return cls(ModuleTreeCopy.take(roots), attributes, optimizer, generators, (loop.previous, loop.step))
+
+    def restore(self, loop: Loop) -> None:
+        self.modules.restore()
+        for owner, name, value in self.attributes:
+            setattr(owner, name, value.clone() if isinstance(value, torch.Tensor) else value)
+        for generator, state in self.generators:
+            generator.set_state(state)
+        loop.optimizer.load_state_dict(copy.deepcopy(self.optimizer))
+        loop.optimizer.zero_grad(set_to_none=True)
+        loop.previous, loop.step = self.loop

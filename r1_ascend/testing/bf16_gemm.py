@@ -1,0 +1,74 @@
+"""The CPU's bf16 matrix products, computed as an NPU's cube unit computes them: bf16 operands, fp32 accumulation,
+one rounding of the result to bf16, through the CPU's fp32 BLAS.
+
+Why: on a CPU without AVX-512 BF16 or AMX (the machines this project tests on), torch 2.5.1 has no fast bf16 GEMM;
+its fallback kernel multiplies a rehearsal-sized product about 20 times slower than the fp32 one
+(``benchmarks/bf16_gemm_bench.py``), and the rehearsal's steps spend most of their time there. The products of bf16
+numbers are exact in fp32, so widening the operands, multiplying in fp32 and rounding once gives what a bf16 GEMM with
+fp32 accumulation gives, up to the order of the fp32 sums.
+
+What it replaces: the CPU kernels of ``aten::mm``, ``aten::addmm``, ``aten::bmm`` and ``aten::baddbmm`` (the calls
+``torch.matmul``, ``F.linear``, megatron-core's linear layers and attention, and autograd's backward of them reach),
+for bf16 operands only, through ``torch.library`` at the CPU dispatch key. Autograd, every other dtype and every other
+op are untouched; the fp32 product runs through each op's ``out=`` overload, whose kernel is not replaced. Installed
+with the stand-ins in every process of the rehearsal and the tests (r1_ascend.testing.stand_in_site, conftest.py);
+``R1_ASCEND_CPU_BF16_GEMM=native`` keeps torch's own kernels.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from r1_ascend import envs
+
+_installed: list[Any] = []
+
+
+def installed() -> bool:
+    """Whether this process multiplies bf16 through these kernels."""
+    return bool(_installed)
+
+
+def install() -> bool:
+    """Replace the four CPU kernels (once per process); False when switched off."""
+    if _installed:
+        return True
+    if not envs.cpu_bf16_gemm():
+        return False
+    import warnings
+
+    import torch
+
+    aten = torch.ops.aten
+    bf16 = torch.bfloat16
+
+    def wide(t: torch.Tensor) -> torch.Tensor:
+        return t.float() if t.dtype == bf16 else t
+
+    def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        out = torch.empty((a.shape[0], b.shape[1]), dtype=torch.float32 if a.dtype == bf16 else a.dtype)
+        aten.mm.out(wide(a), wide(b), out=out)
+        return out.to(a.dtype)
+
+    def addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: Any = 1, alpha: Any = 1) -> torch.Tensor:
+        out = torch.empty((a.shape[0], b.shape[1]), dtype=torch.float32 if a.dtype == bf16 else a.dtype)
+        aten.addmm.out(wide(bias), wide(a), wide(b), beta=beta, alpha=alpha, out=out)
+        return out.to(a.dtype)
+
+    def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        out = torch.empty((a.shape[0], a.shape[1], b.shape[2]), dtype=torch.float32 if a.dtype == bf16 else a.dtype)
+        aten.bmm.out(wide(a), wide(b), out=out)
+        return out.to(a.dtype)
+
+    def baddbmm(base: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: Any = 1, alpha: Any = 1) -> torch.Tensor:
+        out = torch.empty((a.shape[0], a.shape[1], b.shape[2]), dtype=torch.float32 if a.dtype == bf16 else a.dtype)
+        aten.baddbmm.out(wide(base), wide(a), wide(b), beta=beta, alpha=alpha, out=out)
+        return out.to(a.dtype)
+
+    library = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*[Oo]verrid.*")
+        for name, kernel in (("mm", mm), ("addmm", addmm), ("bmm", bmm), ("baddbmm", baddbmm)):
+            library.impl(name, kernel, "CPU")
+    _installed.append(library)  # the registrations live as long as the library object
+    return True
