@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from r1_ascend.testing import bf16_gemm, npu_stub
+from r1_ascend.cpu import bf16_gemm
+from r1_ascend.testing import npu_stub
 
 # Under pytest-xdist each worker would run torch with one thread per core, and two workers on two cores then fight
 # over them: the checkpoint build with balanced routers took 132 s beside another against 23 s with one thread each

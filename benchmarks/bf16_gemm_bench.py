@@ -1,4 +1,4 @@
-"""The CPU's bf16 matrix products: torch's own kernels against r1_ascend.testing.bf16_gemm, in one process.
+"""The CPU's bf16 matrix products: torch's own kernels against r1_ascend.cpu.bf16_gemm, in one process.
 
 Times a forward and backward pass of ``F.linear`` and of a batched product at the rehearsal's shapes (a fault batch
 of 16 sequences x ~52 tokens, a learning batch of 64, the tiny model's hidden size 96, its expert and attention
@@ -13,7 +13,6 @@ ratio. The results of the two differ by at most one bf16 rounding (tests/test_bf
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -63,17 +62,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the rehearsal's workers run one)")
     args = parser.parse_args(argv)
-    if os.environ.get("R1_ASCEND_CPU_BF16_GEMM") != "native":
-        sys.exit("set R1_ASCEND_CPU_BF16_GEMM=native so that torch's own kernels are timed first")
+    from r1_ascend import envs
+
+    if envs.cpu_bf16_gemm():
+        sys.exit(f"set {envs.R1_ASCEND_CPU_BF16_GEMM}=native so that torch's own kernels are timed first")
     import torch
 
-    from r1_ascend.testing import bf16_gemm
+    from r1_ascend.cpu import bf16_gemm
 
     torch.set_num_threads(args.threads)
     cases = {name: _case(shape) for name, shape in SHAPES.items()}
     native = {name: _seconds(work, args.repeat) for name, work in cases.items()}
-    os.environ["R1_ASCEND_CPU_BF16_GEMM"] = "fp32-accumulate"
-    bf16_gemm.install()
+    bf16_gemm.install({envs.R1_ASCEND_CPU_BF16_GEMM: "fp32-accumulate"})
     replaced = {name: _seconds(work, args.repeat) for name, work in cases.items()}
     print(f"forward + backward, {args.threads} thread(s), mean of {args.repeat}")
     print(f"  {'case':<48} {'torch bf16 ms':>14} {'fp32-accumulate ms':>19} {'ratio':>7}")

@@ -62,7 +62,7 @@ R1_ASCEND_REHEARSE_SHUFFLE_REWARDS = "R1_ASCEND_REHEARSE_SHUFFLE_REWARDS"
 #: DeepSeek-V3 ``load_weights`` (``r1_ascend.cpu.vllm_deepseek``). Unset: through vLLM's.
 R1_ASCEND_ROLLOUT_VLLM_LOADER = "R1_ASCEND_ROLLOUT_VLLM_LOADER"
 #: ``native``: the CPU stand-ins leave torch's own bf16 matrix-product kernels in place. Unset or ``fp32-accumulate``:
-#: bf16 operands are multiplied in fp32 and rounded once (r1_ascend.testing.bf16_gemm).
+#: bf16 operands are multiplied in fp32 and rounded once (r1_ascend.cpu.bf16_gemm).
 R1_ASCEND_CPU_BF16_GEMM = "R1_ASCEND_CPU_BF16_GEMM"
 #: ``dead-expert@LAYER:EXPERT``: the CPU rehearsal's actor and reference get that expert's router bias at -inf once
 #: their weights are loaded, so no token is ever routed to it (``r1-ascend rehearse --fault dead-expert``). Unset:

@@ -1,4 +1,4 @@
-"""The CPU's bf16 matrix products (r1_ascend.testing.bf16_gemm): bf16 operands, fp32 accumulation, one rounding.
+"""The CPU's bf16 matrix products (r1_ascend.cpu.bf16_gemm): bf16 operands, fp32 accumulation, one rounding.
 
 Each replaced op must give, for bf16 operands, the fp32 product of the same numbers rounded once to bf16 (what an
 NPU's cube unit gives, up to the order of the sums), keep the shape, dtype and gradients torch gives, and leave every
@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from r1_ascend import envs
-from r1_ascend.testing import bf16_gemm
+from r1_ascend.cpu import bf16_gemm
 
 pytestmark = pytest.mark.usefixtures("installed")
 

@@ -45,5 +45,5 @@ def test_the_stand_ins_are_there_whichever_comes_first(first: str) -> None:
 
 @pytest.mark.parametrize("site", [SITE, TESTS_SITE], ids=["rehearsal", "tests"])
 def test_every_process_that_uses_torch_multiplies_bf16_with_fp32_accumulation(site: Path) -> None:
-    code = "import torch\nfrom r1_ascend.testing import bf16_gemm\nprint(bf16_gemm.installed())"
+    code = "import torch\nfrom r1_ascend.cpu import bf16_gemm\nprint(bf16_gemm.installed())"
     assert _python(site, code) == "True"

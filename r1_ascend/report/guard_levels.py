@@ -38,7 +38,8 @@ def round_up(value: float, digits: int = 2) -> float:
     if value <= 0 or not math.isfinite(value):
         return value
     scale = 10 ** (math.floor(math.log10(value)) - digits + 1)
-    return round(math.ceil(round(value / scale, 9)) * scale, 12)
+    # the product's floating-point noise (3.5000000000000004e-12) cut at the same significant digits, not decimals
+    return float(f"{math.ceil(round(value / scale, 9)) * scale:.{digits}g}")
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,8 @@ STAND_IN_TRIGGERS = frozenset({"torch", "torch_npu", "mindspeed"})
 
 
 def _install_stand_ins() -> None:
-    from r1_ascend.testing import bf16_gemm, mindspeed_fake, npu_stub
+    from r1_ascend.cpu import bf16_gemm
+    from r1_ascend.testing import mindspeed_fake, npu_stub
 
     npu_stub.install()
     mindspeed_fake.install()
@@ -70,5 +71,5 @@ def _install_stand_ins() -> None:
 
 def install_stand_ins_on_first_import() -> None:
     """The stand-ins of every process that imports torch, torch_npu or MindSpeed (and the CPU's bf16 matrix products,
-    r1_ascend.testing.bf16_gemm), and nothing in any other."""
+    r1_ascend.cpu.bf16_gemm), and nothing in any other."""
     when_first_imported(STAND_IN_TRIGGERS, _install_stand_ins)

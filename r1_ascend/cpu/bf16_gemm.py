@@ -9,14 +9,15 @@ fp32 accumulation gives, up to the order of the fp32 sums.
 
 What it replaces: the CPU kernels of ``aten::mm``, ``aten::addmm``, ``aten::bmm`` and ``aten::baddbmm`` (the calls
 ``torch.matmul``, ``F.linear``, megatron-core's linear layers and attention, and autograd's backward of them reach),
-for bf16 operands only, through ``torch.library`` at the CPU dispatch key. Autograd, every other dtype and every other
-op are untouched; the fp32 product runs through each op's ``out=`` overload, whose kernel is not replaced. Installed
-with the stand-ins in every process of the rehearsal and the tests (r1_ascend.testing.stand_in_site, conftest.py);
-``R1_ASCEND_CPU_BF16_GEMM=native`` keeps torch's own kernels.
+through ``torch.library`` at the CPU dispatch key: bf16 operands are widened, other dtypes go straight on. Both reach
+torch's own kernel of the op's ``out=`` overload, which is not replaced; autograd and every other op are untouched.
+Installed with the stand-ins in every process of the rehearsal and the tests (r1_ascend.testing.stand_in_site,
+conftest.py); ``R1_ASCEND_CPU_BF16_GEMM=native`` keeps torch's own kernels.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from r1_ascend import envs
@@ -29,11 +30,12 @@ def installed() -> bool:
     return bool(_installed)
 
 
-def install() -> bool:
-    """Replace the four CPU kernels (once per process); False when switched off."""
+def install(environ: Mapping[str, str] | None = None) -> bool:
+    """Replace the four CPU kernels (once per process); False when ``R1_ASCEND_CPU_BF16_GEMM`` (of ``environ``, by
+    default this process's) switches them off."""
     if _installed:
         return True
-    if not envs.cpu_bf16_gemm():
+    if not envs.cpu_bf16_gemm(environ):
         return False
     import warnings
 
