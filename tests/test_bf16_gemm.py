@@ -85,7 +85,7 @@ def test_other_dtypes_keep_torchs_own_results(dtype: torch.dtype) -> None:
 
 
 def test_the_switch_keeps_torchs_kernels_and_refuses_a_typo() -> None:
-    code = "from r1_ascend.testing import bf16_gemm; print(bf16_gemm.install())"
+    code = "from r1_ascend.cpu import bf16_gemm; print(bf16_gemm.install())"
     env = {"PATH": "", f"{envs.R1_ASCEND_CPU_BF16_GEMM}": "native"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert done.stdout.strip() == "False"
