@@ -10,7 +10,7 @@ checks its targets against the pinned upstream source before installing:
 - :mod:`r1_ascend.cpu.vllm_deepseek`: the DeepSeek-V3 class vLLM's registry resolves once vllm-ascend registers
   (``CustomDeepseekV3ForCausalLM``), built on the CPU so HF-named weights go through its own ``load_weights``;
 - :mod:`r1_ascend.cpu.bf16_gemm`: the CPU's bf16 matrix-product kernels, replaced by fp32 accumulation and one
-  rounding (torch's own are about 20 times slower on CPUs without AVX-512 BF16);
+  rounding (torch's own are 8 to 18 times slower on CPUs without AVX-512 BF16);
 - :mod:`r1_ascend.cpu.workers`: the device calls of verl's Megatron workers (collective backend, the ``torch.cpu``
   device API) and :func:`r1_ascend.cpu.workers.install`, which installs all three in a process.
 
