@@ -44,33 +44,33 @@ def install(environ: Mapping[str, str] | None = None) -> bool:
     aten = torch.ops.aten
     bf16 = torch.bfloat16
 
-    def wide(t: torch.Tensor) -> torch.Tensor:
-        return t.float() if t.dtype == bf16 else t
+    def widened(out_op: Any, rows_cols: Any) -> Any:
+        """The kernel of one op: its last two tensors are the product's operands, a leading one the added term."""
 
-    def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        out = torch.empty((a.shape[0], b.shape[1]), dtype=torch.float32 if a.dtype == bf16 else a.dtype)
-        aten.mm.out(wide(a), wide(b), out=out)
-        return out.to(a.dtype)
+        def kernel(*tensors: torch.Tensor, **scalars: Any) -> torch.Tensor:
+            a, b = tensors[-2], tensors[-1]
+            out = torch.empty(rows_cols(a, b), dtype=torch.float32 if a.dtype == bf16 else a.dtype)
+            out_op(*(t.float() if t.dtype == bf16 else t for t in tensors), **scalars, out=out)
+            return out.to(a.dtype)
 
-    def addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: Any = 1, alpha: Any = 1) -> torch.Tensor:
-        out = torch.empty((a.shape[0], b.shape[1]), dtype=torch.float32 if a.dtype == bf16 else a.dtype)
-        aten.addmm.out(wide(bias), wide(a), wide(b), beta=beta, alpha=alpha, out=out)
-        return out.to(a.dtype)
+        return kernel
 
-    def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        out = torch.empty((a.shape[0], a.shape[1], b.shape[2]), dtype=torch.float32 if a.dtype == bf16 else a.dtype)
-        aten.bmm.out(wide(a), wide(b), out=out)
-        return out.to(a.dtype)
+    def matrix(a: torch.Tensor, b: torch.Tensor) -> tuple[int, ...]:
+        return (a.shape[0], b.shape[1])
 
-    def baddbmm(base: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: Any = 1, alpha: Any = 1) -> torch.Tensor:
-        out = torch.empty((a.shape[0], a.shape[1], b.shape[2]), dtype=torch.float32 if a.dtype == bf16 else a.dtype)
-        aten.baddbmm.out(wide(base), wide(a), wide(b), beta=beta, alpha=alpha, out=out)
-        return out.to(a.dtype)
+    def batched(a: torch.Tensor, b: torch.Tensor) -> tuple[int, ...]:
+        return (a.shape[0], a.shape[1], b.shape[2])
 
+    kernels = {
+        "mm": widened(aten.mm.out, matrix),
+        "addmm": widened(aten.addmm.out, matrix),
+        "bmm": widened(aten.bmm.out, batched),
+        "baddbmm": widened(aten.baddbmm.out, batched),
+    }
     library = torch.library.Library("aten", "IMPL")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*[Oo]verrid.*")
-        for name, kernel in (("mm", mm), ("addmm", addmm), ("bmm", bmm), ("baddbmm", baddbmm)):
+        for name, kernel in kernels.items():
             library.impl(name, kernel, "CPU")
     _installed.append(library)  # the registrations live as long as the library object
     return True
