@@ -31,7 +31,9 @@ or stopped. The driver side decides (rules.watchdog.find_stall), kills the worke
 without a monitor (verl's own entry point) the heartbeats are simply not sent. The first stage also makes every
 process the worker forks end with it (impl.children: megatron-core's checkpoint writer outlived a worker whose
 raylet died, under PID 1). Listeners added to STAGE_LISTENERS are called at every stage entry and exit in the
-worker (the rehearsal records them to plant faults at a stage).
+worker (the rehearsal records them to plant faults at a stage). A method that raises leaves its worker
+reported in its stage: when a peer's node is lost, the survivors fail out of the collective they shared, and
+the stage they failed in is the one the diagnosis must name.
 
 Upstream fix:
 none — verl 0.6.1 and main as of b178a3cd (2026-01-29) have no worker health check; RayWorkerGroup waits without
@@ -170,9 +172,13 @@ def in_stage(stage: str, step: int | None = None) -> Iterator[None]:
     _notify(stage, "enter", _HEART.step)
     try:
         yield
-    finally:
-        _HEART.leave()
+    except BaseException:
+        # Failing out of a stage (a peer's collective broke, the node of a peer was lost) keeps the worker reported
+        # in it: that stage is where the run stopped, and "between stages" would hide it from the diagnosis.
         _notify(stage, "leave", _HEART.step)
+        raise
+    _HEART.leave()
+    _notify(stage, "leave", _HEART.step)
 
 
 def _build_stage(stage: str, original: Callable[..., Any]) -> Callable[..., Any]:

@@ -68,6 +68,10 @@ R1_ASCEND_CPU_BF16_GEMM = "R1_ASCEND_CPU_BF16_GEMM"
 #: their weights are loaded, so no token is ever routed to it (``r1-ascend rehearse --fault dead-expert``). Unset:
 #: none.
 R1_ASCEND_REHEARSE_ACTOR_FAULT = "R1_ASCEND_REHEARSE_ACTOR_FAULT"
+#: ``STAGE@STEP``: the CPU rehearsal's workers, on entering that worker stage in that training step, wait (a minute
+#: at most) until the rehearsal has planted its process fault (``r1-ascend rehearse --fault``), so the fault lands
+#: inside the stage however short the stage is. Unset: no wait.
+R1_ASCEND_REHEARSE_HOLD = "R1_ASCEND_REHEARSE_HOLD"
 
 _TRUE = {"1", "true", "yes", "on"}
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -192,6 +196,19 @@ def rehearse_shuffle_rewards(environ: Mapping[str, str] | None = None) -> bool:
 def rehearse_actor_fault(environ: Mapping[str, str] | None = None) -> str | None:
     """The fault the rehearsal plants into the actor's model (``dead-expert@LAYER:EXPERT``), or None."""
     return _env(environ).get(R1_ASCEND_REHEARSE_ACTOR_FAULT) or None
+
+
+def rehearse_hold(environ: Mapping[str, str] | None = None) -> tuple[str, int] | None:
+    """The worker stage and training step the rehearsal's workers wait in for its fault
+    (``R1_ASCEND_REHEARSE_HOLD=STAGE@STEP``), or None."""
+    raw = _env(environ).get(R1_ASCEND_REHEARSE_HOLD) or ""
+    if not raw:
+        return None
+    stage, at, step = raw.partition("@")
+    if not (stage.isidentifier() and at and step.isdigit() and int(step) > 0):
+        msg = f"{R1_ASCEND_REHEARSE_HOLD}={raw!r}: expected STAGE@STEP (a worker method, a step >= 1): update_actor@2"
+        raise ValueError(msg)
+    return stage, int(step)
 
 
 def rehearse_dir(environ: Mapping[str, str] | None = None) -> str | None:

@@ -1,9 +1,10 @@
 """The CPU's bf16 matrix products, computed as an NPU's cube unit computes them: bf16 operands, fp32 accumulation,
 one rounding of the result to bf16, through the CPU's fp32 BLAS.
 
-Why: on a CPU without AVX-512 BF16 or AMX (the machines this project tests on), torch 2.5.1 has no fast bf16 GEMM;
-its fallback kernel multiplies a rehearsal-sized product 8 to 18 times slower than the fp32 one
-(``benchmarks/bf16_gemm_bench.py``), and the rehearsal's steps spend most of their time there. The products of bf16
+Why: on a CPU without AVX-512 BF16 or AMX (the machines this project tests on), the CPU environment's torch
+(requirements/cpu-constraints.txt) has no fast bf16 GEMM; its fallback kernel multiplies a rehearsal-sized product 8
+to 18 times slower than the fp32 one (``benchmarks/bf16_gemm_bench.py``), and the rehearsal's steps spend most of
+their time there. The products of bf16
 numbers are exact in fp32, so widening the operands, multiplying in fp32 and rounding once gives what a bf16 GEMM with
 fp32 accumulation gives, up to the order of the fp32 sums.
 

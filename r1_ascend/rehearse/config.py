@@ -91,6 +91,9 @@ class Plan:
     actor_fault: str | None = None
     #: the trainer permutes each training batch's rewards across its responses (a control that must not learn)
     shuffle_rewards: bool = False
+    #: ``STAGE@STEP``: the workers wait on entering that stage of that step until the process fault is planted
+    #: (R1_ASCEND_REHEARSE_HOLD); None: no wait
+    hold_at: str | None = None
     #: Hydra overrides on top of the rehearsal's own (``rehearse --fault NAME key=value ...``), e.g. a feature off
     overrides: tuple[str, ...] = ()
 
@@ -213,6 +216,11 @@ def overrides(plan: Plan, inputs: Inputs, out: Path, repo_root: Path) -> list[st
         *(
             [f"+ray_kwargs.ray_init.runtime_env.env_vars.{envs.R1_ASCEND_REHEARSE_SHUFFLE_REWARDS}='1'"]
             if plan.shuffle_rewards
+            else []
+        ),
+        *(
+            [f"+ray_kwargs.ray_init.runtime_env.env_vars.{envs.R1_ASCEND_REHEARSE_HOLD}='{plan.hold_at}'"]
+            if plan.hold_at
             else []
         ),
         f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES={STANDINS_MODULE}",

@@ -20,6 +20,7 @@ pass the plain rehearsal's verdicts.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import signal
 import subprocess
 import time
@@ -40,8 +41,9 @@ from r1_ascend.rehearse.faults import (
     wait_until,
     worker_pids,
 )
+from r1_ascend.rehearse.faults import plan_for as fault_plan_for
 from r1_ascend.rehearse.leftovers import Leftover, node_daemons, run_processes
-from r1_ascend.rehearse.lifecycle import read_lifecycle
+from r1_ascend.rehearse.lifecycle import HOLD_RELEASED, read_lifecycle
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,14 @@ PROCESS_FAULTS: dict[str, ProcessFault] = {
 }
 #: The step the faults hit; global_step_<STEP - 1> is the checkpoint the relaunch resumes from.
 STEP = 2
+
+
+def plan_for(name: str, base: Plan) -> Plan:
+    """A fault run's plan (:func:`r1_ascend.rehearse.faults.plan_for`) whose workers wait on entering the fault's
+    stage of step ``STEP`` until the fault is planted: this model's stages are shorter than the time between a
+    worker's record of entering one and the signal (``update_actor`` 0.6 s), and a fault meant for ``update_actor``
+    then hit the next stage."""
+    return dataclasses.replace(fault_plan_for(name, base), hold_at=f"{PROCESS_FAULTS[name].stage}@{STEP}")
 
 
 def stage_entered(out: Path, stage: str, step: int, after: float) -> dict[str, object] | None:
@@ -157,7 +167,10 @@ def plant(
     victim = raylet_of(node_processes) if fault.node else int(str(entered["pid"]))
     workers = with_descendants(worker_pids(out))
     tree = _names(workers)
-    psutil.Process(victim).send_signal(fault.signal)
+    try:
+        psutil.Process(victim).send_signal(fault.signal)
+    finally:  # the workers held at the stage (plan_for) go on: the survivors into the collective with the victim
+        (out / "lifecycle" / HOLD_RELEASED).touch()
     since = time.monotonic()
     what = f"the raylet of node {node_ip} (pid {victim})" if fault.node else f"worker pid {victim}"
     try:

@@ -18,7 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from r1_ascend.rehearse import control_run, fault_run, moe_fault_run, plain_run, resume, rollout_fault_run
+from r1_ascend.rehearse import (
+    control_run,
+    fault_run,
+    moe_fault_run,
+    plain_run,
+    process_faults,
+    resume,
+    rollout_fault_run,
+)
 from r1_ascend.rehearse.budget import RssSampler
 from r1_ascend.rehearse.cluster import start_cluster, stop_cluster
 from r1_ascend.rehearse.config import Plan
@@ -90,7 +98,7 @@ def fault_scenario(name: str) -> Scenario:
         functools.partial(fault_run.judge_fault, fault=name),
         functools.partial(print_outcome, "fault", "ok", keys=keys),
         announce=f"{RUN_1}; fault {name}",
-        plan=functools.partial(plan_for, name),
+        plan=functools.partial(process_faults.plan_for if name in process_faults.PROCESS_FAULTS else plan_for, name),
     )
 
 

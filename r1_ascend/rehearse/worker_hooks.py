@@ -15,7 +15,8 @@ check that every expert is used, that the engine follows the actor's bias and th
 (:mod:`r1_ascend.rehearse.expert_checks`). With ``R1_ASCEND_REHEARSE_ACTOR_FAULT`` set it plants that fault into
 the actor's and the reference's model once their weights are loaded; with ``R1_ASCEND_REHEARSE_ROLLOUT_FAULT`` the
 rollout engine plants that one (:mod:`r1_ascend.rehearse.rollout_faults`); with
-``R1_ASCEND_REHEARSE_SHUFFLE_REWARDS=1`` the trainer permutes each training batch's rewards (the control).
+``R1_ASCEND_REHEARSE_SHUFFLE_REWARDS=1`` the trainer permutes each training batch's rewards (the control); with
+``R1_ASCEND_REHEARSE_HOLD=STAGE@STEP`` each worker waits on entering that stage until the process fault is planted.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any
 import torch
 
 from r1_ascend import envs
+from r1_ascend.rehearse.lifecycle import HOLD_RELEASED
 
 # --- lifecycle record ---------------------------------------------------------------------------------------------
 
@@ -158,20 +160,42 @@ def _record_stages() -> None:
     in a named stage."""
     from r1_ascend.patches import verl_worker_watchdog
 
-    if _record_stage not in verl_worker_watchdog.STAGE_LISTENERS:
-        verl_worker_watchdog.STAGE_LISTENERS.append(_record_stage)
+    if record_stage not in verl_worker_watchdog.STAGE_LISTENERS:
+        verl_worker_watchdog.STAGE_LISTENERS.append(record_stage)
 
 
 #: The training step of the update under way in this worker (its stage record), for the expert-load record.
 _update_step: list[int | None] = [None]
 
 
-def _record_stage(stage: str, phase: str, step: int | None) -> None:
+def record_stage(stage: str, phase: str, step: int | None) -> None:
     _record("stage", stage=stage, phase=phase, step=step)
+    if phase == "enter":
+        hold_for_the_fault(stage, step)
     if stage == "update_actor" and phase == "enter":
         _update_step[0] = step
     if stage == "init_model" and phase == "leave":
         _freeze_heap()
+
+
+#: How long a held worker waits for the rehearsal to plant its fault before it goes on (the rehearsal takes well
+#: under a second; a rehearsal that died must not leave the run stuck).
+HOLD_LIMIT_S = 60.0
+
+
+def hold_for_the_fault(stage: str, step: int | None) -> float:
+    """With ``R1_ASCEND_REHEARSE_HOLD=STAGE@STEP``, wait on entering that stage of that step until the rehearsal
+    wrote ``HOLD_RELEASED`` beside the records; return the seconds waited. Why: the rehearsal plants a process fault
+    when it reads a worker's entry into the stage, and a stage of this tiny model can end first (``update_actor``
+    takes 0.6 s here), so the fault would hit the next stage instead. The worker's heartbeat has already named the
+    stage (the watchdog patch beats before it calls its listeners), as it has on a cluster while the stage runs."""
+    if (stage, step) != envs.rehearse_hold():
+        return 0.0
+    released = os.path.join(envs.rehearse_dir() or ".", HOLD_RELEASED)
+    began = time.monotonic()
+    while not os.path.exists(released) and time.monotonic() - began < HOLD_LIMIT_S:
+        time.sleep(0.01)
+    return time.monotonic() - began
 
 
 def _freeze_heap() -> None:

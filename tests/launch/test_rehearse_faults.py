@@ -244,20 +244,25 @@ def test_a_worker_killed_from_outside_stops_the_rehearsal_clearly_and_resume_fin
     began = time.time()
     rehearsal = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     chooser = random.Random()
-    delay = chooser.uniform(0.0, 12.0)  # within step 1 or 2: before the rehearsal's own kill in step 3
+    # A random moment of step 1 or 2, before the rehearsal's own kill in step 3: inside a stage every step runs,
+    # entered in one of those steps (a delay in seconds after step 1 began reached step 3 once steps became fast).
+    step, stage = chooser.choice([1, 2]), chooser.choice(["generate_sequences", "update_actor"])
+    delay = chooser.uniform(0.0, 0.5)
     try:
-        entered = _wait_until(lambda: _first_training_stage(out), 600, rehearsal)
+        entered = _wait_until(lambda: _stage_entered(out, stage, step), 600, rehearsal)
         time.sleep(delay)
         workers = sorted({int(e["pid"]) for e in read_lifecycle(out / "lifecycle") if e["event"] == "release"})
         victim = chooser.choice(workers)
         tree = with_descendants(set(workers))
         tracked = read_tracker(out / "checkpoints")
         os.kill(victim, signal.SIGKILL)
-        killed_at = time.monotonic()
+        killed_at, killed_wall = time.monotonic(), time.time()
         stdout, stderr = rehearsal.communicate(timeout=600)
     finally:
         if rehearsal.poll() is None:
             rehearsal.kill()
+    later = [e for e in read_lifecycle(out / "lifecycle") if e["event"] == "stage" and (e.get("step") or 0) > 2]
+    assert all(e["t"] > killed_wall for e in later), f"the kill ({stage} of step {step} + {delay:.2f} s) came late"
     assert rehearsal.returncode == 1, (stdout + stderr)[-3000:]
     took = time.monotonic() - killed_at
     assert "WorkerLostError: the run stopped" in stderr, stderr[-3000:]
@@ -272,7 +277,7 @@ def test_a_worker_killed_from_outside_stops_the_rehearsal_clearly_and_resume_fin
     assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
     resumed = json.loads((out / "summary-resume.json").read_text())
     expected = tracked if isinstance(tracked, int) else 0
-    assert resumed["resumed_from_step"] == expected, (entered, delay, tracked)
+    assert resumed["resumed_from_step"] == expected, (entered, stage, step, delay, tracked)
     _nothing_left(resumed, began)
 
 
@@ -283,9 +288,16 @@ def _temp_dir(stdout: str) -> str:
     return found.group(1)
 
 
-def _first_training_stage(out: Path) -> dict | None:
+def _stage_entered(out: Path, stage: str, step: int) -> dict | None:
     records = read_lifecycle(out / "lifecycle") if (out / "lifecycle").is_dir() else []
-    return next((e for e in records if e["event"] == "stage" and e.get("stage") == "generate_sequences"), None)
+    return next(
+        (
+            e
+            for e in records
+            if e["event"] == "stage" and e.get("stage") == stage and e.get("phase") == "enter" and e.get("step") == step
+        ),
+        None,
+    )
 
 
 def _wait_until(predicate, timeout: float, process: subprocess.Popen) -> object:

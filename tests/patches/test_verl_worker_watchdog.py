@@ -189,6 +189,42 @@ def test_a_stage_is_reported_while_the_method_runs(monkeypatch: pytest.MonkeyPat
     assert sent[0][3] == 7
 
 
+def test_a_worker_that_fails_out_of_a_stage_stays_reported_in_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When a peer's node is lost, the survivors' collective raises: the stage they failed in is where the run
+    stopped, so their heartbeat keeps naming it (until the next stage), while listeners still hear the leave."""
+    import ray
+
+    from r1_ascend.patches import verl_worker_watchdog as patch
+
+    sent: list[tuple[Any, ...]] = []
+
+    class Monitor:
+        class beat:
+            @staticmethod
+            def remote(*args: Any) -> None:
+                sent.append(args)
+
+    monkeypatch.setattr(ray, "get_actor", lambda name: Monitor)
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(patch, "_identity", lambda: {"rank": 0, "pid": 1, "node": "n", "actor": "a"})
+    monkeypatch.setattr(patch, "_HEART", patch._Heart())
+    monkeypatch.setattr(patch._Heart, "_run", lambda self: None)
+    heard: list[tuple[str, str, int | None]] = []
+    monkeypatch.setattr(patch, "STAGE_LISTENERS", [lambda *event: heard.append(event)])
+
+    def collective(self: Any, data: Any) -> None:
+        raise RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer")
+
+    with pytest.raises(RuntimeError, match="Connection closed by peer"):
+        patch._build_stage("update_actor", collective)(object(), object())
+    assert patch._HEART.stage == "update_actor"
+    assert heard == [("update_actor", "enter", None), ("update_actor", "leave", None)]
+    patch._HEART.beat()  # what the heartbeat thread sends next
+    assert [args[1] for args in sent] == ["update_actor", "update_actor"]
+    patch._build_stage("save_checkpoint", lambda self, *args: None)(object(), "path", None, 2, 1)
+    assert patch._HEART.stage is None  # a stage that returns leaves the worker between stages again
+
+
 def test_without_a_monitor_the_worker_runs_on(monkeypatch: pytest.MonkeyPatch) -> None:
     """verl's own entry point creates no monitor: the heartbeat is skipped, the method runs."""
     import ray

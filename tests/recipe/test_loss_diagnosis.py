@@ -120,6 +120,26 @@ def test_rays_own_reports_alone_name_the_lost_node(order: tuple[str, ...], check
     assert_names_the_lost_node(message)
 
 
+@pytest.mark.parametrize("order", orders(with_probe=True), ids=" then ".join)
+def test_the_stage_comes_from_the_survivor_when_the_lost_ranks_last_beat_is_between_stages(
+    order: tuple[str, ...], checkpoints: Path
+) -> None:
+    """The raylet died before rank 1's beat entering update_actor was sent: its last beat is between the stages of
+    step 2. Rank 0 failed out of the collective it shared with rank 1 and is still reported in update_actor (the
+    watchdog patch keeps a failed stage), so the stage is still named."""
+    between = Beat(1, 4242, "127.0.0.3", "wg_WorkerDict_1:0", None, 0.4, 8.0, 2, LOST_ID)
+    events = [EVENTS[name] for name in order]
+    errors = tuple(event for event in events if isinstance(event, str))
+    nodes = (RAYLET_REFUSES, *(event for event in events if isinstance(event, NodeRecord)), HEAD_ALIVE)
+    evidence = Evidence((RANK0, between), errors, nodes, trainer_lost=RUNNER_OWNER_CRASHED in errors)
+    message = diagnose(evidence, checkpoints)
+    assert message is not None
+    assert message.startswith("the run stopped in training step 2, stage update_actor: node 127.0.0.3 was lost")
+    assert "rank 1 (pid 4242 on node 127.0.0.3), last in no stage" in message
+    assert "resumes from global_step_1" in message
+    assert "OOM" not in message
+
+
 def test_every_order_of_the_same_reports_gives_the_same_message(checkpoints: Path) -> None:
     messages = {diagnose(evidence_of(order), checkpoints) for order in itertools.permutations(EVENTS.values())}
     assert len(messages) == 1
