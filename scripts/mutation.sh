@@ -34,7 +34,7 @@ launch/pitfalls|r1_ascend/launch/pitfalls.py|tests/launch/test_pitfalls.py tests
 rehearse/verdicts|r1_ascend/rehearse/verdicts.py|tests/launch/test_rehearse_verdicts.py tests/launch/test_rehearse_verdict_boundaries.py tests/launch/test_rehearse_faults.py tests/launch/test_model_summary.py tests/launch/test_judge_training.py|
 rehearse/lifecycle|r1_ascend/rehearse/lifecycle.py|tests/launch/test_rehearse_verdicts.py tests/launch/test_rehearse_verdict_boundaries.py tests/launch/test_rehearse_faults.py tests/launch/test_loading_verdict.py tests/launch/test_sampling_verdict.py tests/launch/test_fault_verdicts.py|
 rehearse/training|r1_ascend/rehearse/training.py|tests/launch/test_rehearse_training.py tests/launch/test_rehearse_training_boundaries.py|
-rehearse/faults|r1_ascend/rehearse/faults.py|tests/launch/test_rehearse_faults.py tests/launch/test_fault_verdicts.py|plan_for|check_kept|check_refusal|require_complete|error_line|time_to_stop|alive
+rehearse/faults|r1_ascend/rehearse/faults.py|tests/launch/test_rehearse_faults.py tests/launch/test_fault_verdicts.py|plan_for|check_kept|check_refusal|require_complete|error_line|time_to_stop|running
 rehearse/process_faults|r1_ascend/rehearse/process_faults.py|tests/launch/test_rehearse_faults.py tests/launch/test_fault_verdicts.py tests/launch/test_fault_hold.py|plan_for|stage_entered|with_descendants|raylet_of
 recipe/watchdog|recipe/watchdog.py|tests/recipe/test_watchdog.py tests/recipe/test_watchdog_decisions.py|
 weights/ckpt_root|r1_ascend/weights/ckpt_root.py|tests/weights/test_ckpt_root.py tests/weights/test_ckpt_root_boundaries.py|

@@ -94,7 +94,8 @@ def wait_until(predicate, what: str, timeout: float, poll: float = 0.5) -> objec
     raise FaultError(f"{what}: not reached within {timeout:g} s")
 
 
-def _alive(pids: set[int]) -> set[int]:
+def running(pids: set[int]) -> set[int]:
+    """The ``pids`` still running (a zombie has ended)."""
     alive = set()
     for pid in pids:
         try:
@@ -129,9 +130,9 @@ def time_to_stop(
         raise FaultError(msg) from None
     pids = workers()
     try:
-        wait_until(lambda: not _alive(pids), "workers to exit", max(since + bound - time.monotonic(), 1.0), poll=0.1)
+        wait_until(lambda: not running(pids), "workers to exit", max(since + bound - time.monotonic(), 1.0), poll=0.1)
     except FaultError:
-        left = "; ".join(_describe(pid) for pid in sorted(_alive(pids)))
+        left = "; ".join(_describe(pid) for pid in sorted(running(pids)))
         msg = f"processes of the run still run {bound:g} s after the fault: {left}; log: {log}"
         raise FaultError(msg) from None
     return round(time.monotonic() - since, 1)

@@ -36,6 +36,7 @@ from r1_ascend.rehearse.faults import (
     FaultOutcome,
     last_error_line,
     require_complete,
+    running,
     time_to_stop,
     wait_for_tracked_step,
     wait_until,
@@ -77,6 +78,8 @@ PROCESS_FAULTS: dict[str, ProcessFault] = {
 }
 #: The step the faults hit; global_step_<STEP - 1> is the checkpoint the relaunch resumes from.
 STEP = 2
+#: How long the held survivors wait for the lost node's workers to end (then they go on; what is left is judged).
+LOST_WORKERS_S = 30.0
 
 
 def plan_for(name: str, base: Plan) -> Plan:
@@ -169,6 +172,12 @@ def plant(
     tree = _names(workers)
     try:
         psutil.Process(victim).send_signal(fault.signal)
+        if fault.node:
+            # The lost node's workers outlive their raylet until Ray's check of it ends them (about a second): held,
+            # they end in the stage, as on a host that went down, instead of finishing it over gloo meanwhile.
+            lost = workers & node_processes
+            with contextlib.suppress(FaultError):
+                wait_until(lambda: not running(lost), f"the workers of node {node_ip} to end", LOST_WORKERS_S, 0.05)
     finally:  # the workers held at the stage (plan_for) go on: the survivors into the collective with the victim
         (out / "lifecycle" / HOLD_RELEASED).touch()
     since = time.monotonic()
