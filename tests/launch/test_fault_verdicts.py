@@ -140,6 +140,7 @@ def test_a_refusal_naming_the_broken_shard_and_the_way_back_passes(tmp_path: Pat
     assert (outcome.fault, outcome.step, outcome.resume_from, outcome.killed_pids) == ("corrupt-latest", 2, 1, {11})
     assert outcome.seen["error"] == REFUSAL.removeprefix("r1-ascend: ")
     assert outcome.seen["exit_code"] == 1
+    assert isinstance(outcome.stop_s, float)  # measured from the relaunch to its end
 
 
 @pytest.mark.parametrize(
@@ -210,6 +211,72 @@ def test_zombies_and_vanished_processes_are_not_waited_for(tmp_path: Path) -> No
     assert time_to_stop(finished(1), lambda: {child.pid}, time.monotonic(), tmp_path / "log", 5.0) < 5.0
 
 
+def test_the_drivers_wait_is_what_is_left_of_the_bound_since_the_fault(tmp_path: Path) -> None:
+    """The bound counts from the fault, not from the call: the wait gets what is left of it, and at least a second."""
+    import time
+
+    asked: list[float] = []
+
+    def wait(timeout: float | None = None) -> int:
+        asked.append(float("inf") if timeout is None else timeout)
+        return 1
+
+    driver = SimpleNamespace(pid=4242, returncode=1, wait=wait)
+    time_to_stop(driver, set, time.monotonic() - 5.0, tmp_path / "log", 8.0)
+    time_to_stop(driver, set, time.monotonic() - 60.0, tmp_path / "log", 8.0)
+    assert 2.0 < asked[0] <= 3.0
+    assert asked[1] == 1.0
+
+
+def test_workers_get_what_is_left_of_the_bound_and_every_one_left_is_named(tmp_path: Path) -> None:
+    import time
+
+    exits_soon = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
+    took = time_to_stop(finished(1), lambda: {exits_soon.pid}, time.monotonic(), tmp_path / "log", 20.0)
+    exits_soon.wait()
+    assert 1.5 <= took < 20.0
+    assert took == round(took, 1)
+    assert isinstance(took, float)
+    sleepers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) for _ in range(2)]
+    try:
+        with pytest.raises(FaultError) as raised:
+            time_to_stop(finished(1), lambda: {p.pid for p in sleepers}, time.monotonic(), tmp_path / "log", 0.3)
+        first, second = sorted(p.pid for p in sleepers)
+        assert f"still run 0.3 s after the fault: pid {first} " in str(raised.value)
+        assert f"; pid {second} " in str(raised.value)
+    finally:
+        for process in sleepers:
+            process.kill()
+            process.wait()
+
+
+def test_a_vanished_pid_does_not_hide_a_running_one() -> None:
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        for vanished in (gone_pid(), 1 << 22):
+            assert faults.running({vanished, sleeper.pid}) == {sleeper.pid}
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_the_error_line_is_read_from_a_log_with_bytes_that_are_not_utf8(tmp_path: Path) -> None:
+    """A run log holds what the model generated ('12 inte\ufffdtion'): undecodable bytes must not hide the error."""
+    log = tmp_path / "run1.log"
+    log.write_bytes(b"greedy: '12 inte\xef\xbftion'\nr1-ascend: WorkerLostError: the run stopped \xff here\n")
+    assert faults.last_error_line(log, "WorkerLostError: ").startswith("WorkerLostError: the run stopped")
+
+
+def test_the_error_line_starts_at_the_first_marker_and_is_empty_without_one(tmp_path: Path) -> None:
+    log = tmp_path / "run1.log"
+    log.write_text("x WorkerLostError: outer; caused by WorkerLostError: inner\n")
+    assert (
+        faults.last_error_line(log, "WorkerLostError: ") == "WorkerLostError: outer; caused by WorkerLostError: inner"
+    )
+    log.write_text("nothing failed\n")
+    assert faults.last_error_line(log, "WorkerLostError: ") == ""
+
+
 # --- process faults: the stage a fault waits for ------------------------------------------------------------------
 
 
@@ -247,6 +314,45 @@ def test_a_workers_children_are_counted_with_it() -> None:
         child.kill()
         child.wait()
     assert process_faults.with_descendants({child.pid}) == {child.pid}  # gone: itself, nothing under it
+
+
+#: A child that starts a sleeping child of its own, prints its pid and sleeps.
+SPAWN_AND_SLEEP = (
+    "import subprocess, sys, time; "
+    "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); "
+    "print(p.pid, flush=True); time.sleep(30)"
+)
+
+
+def test_what_a_workers_children_forked_is_counted_too() -> None:
+    """A worker's checkpoint writer forks again (megatron-core's Manager): grandchildren count, not only children."""
+    middle = subprocess.Popen([sys.executable, "-c", SPAWN_AND_SLEEP], stdout=subprocess.PIPE, text=True)
+    try:
+        grandchild = int(middle.stdout.readline())
+        assert {middle.pid, grandchild} <= process_faults.with_descendants({os.getpid()})
+        assert process_faults.with_descendants({middle.pid}) == {middle.pid, grandchild}
+    finally:
+        for process in psutil.Process(middle.pid).children(recursive=True):
+            process.kill()
+        middle.kill()
+        middle.wait()
+
+
+def test_the_raylet_is_found_by_its_process_name_among_the_nodes_processes(tmp_path: Path) -> None:
+    """The node's Ray processes hold one process named ``raylet`` (its executable's name); vanished pids are
+    skipped."""
+    raylet_binary = tmp_path / "raylet"
+    raylet_binary.write_bytes(Path("/bin/sleep").read_bytes())  # a process named raylet, as Ray names it
+    raylet_binary.chmod(0o755)
+    raylet = subprocess.Popen([str(raylet_binary), "30"])
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    try:
+        assert process_faults.raylet_of({os.getpid(), gone.pid, raylet.pid}) == raylet.pid
+        assert process_faults.raylet_of({raylet.pid}) == raylet.pid
+    finally:
+        raylet.kill()
+        raylet.wait()
 
 
 def test_a_node_without_a_raylet_is_an_error(tmp_path: Path) -> None:
