@@ -142,6 +142,14 @@ def raylet_of(pids: set[int]) -> int:
     raise FaultError(f"no raylet among the node's Ray processes {sorted(pids)}")
 
 
+def release_held_workers(out: Path) -> None:
+    """Let the workers held at the fault's stage (:func:`plan_for`) go on; a later entry of that stage (the relaunch,
+    a ``--resume``) is not held again."""
+    directory = out / "lifecycle"
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / HOLD_RELEASED).touch()
+
+
 def plant(
     name: str,
     driver: subprocess.Popen,
@@ -156,31 +164,31 @@ def plant(
     recorded, what they forked, the lost node's Ray, and whatever else on the machine belongs to the run
     (``scope``)."""
     fault = PROCESS_FAULTS[name]
-    wait_for_tracked_step(out, STEP - 1, driver, log)
-    tracked_at = time.time()
-    entered = wait_until(
-        lambda: stage_entered(out, fault.stage, STEP, tracked_at) or driver.poll() is not None,
-        f"a worker entering {fault.stage} in step {STEP}",
-        600,
-        0.05,
-    )
-    if not isinstance(entered, dict):
-        raise FaultError(f"run 1 exited with {driver.returncode} before step {STEP}'s {fault.stage}; log: {log}")
-    node_processes = ray_processes(node_pid_file) if fault.node else set()
-    victim = raylet_of(node_processes) if fault.node else int(str(entered["pid"]))
-    workers = with_descendants(worker_pids(out))
-    tree = _names(workers)
     try:
+        wait_for_tracked_step(out, STEP - 1, driver, log)
+        tracked_at = time.time()
+        entered = wait_until(
+            lambda: stage_entered(out, fault.stage, STEP, tracked_at) or driver.poll() is not None,
+            f"a worker entering {fault.stage} in step {STEP}",
+            600,
+            0.05,
+        )
+        if not isinstance(entered, dict):
+            raise FaultError(f"run 1 exited with {driver.returncode} before step {STEP}'s {fault.stage}; log: {log}")
+        node_processes = ray_processes(node_pid_file) if fault.node else set()
+        victim = raylet_of(node_processes) if fault.node else int(str(entered["pid"]))
+        workers = with_descendants(worker_pids(out))
+        tree = _names(workers)
         psutil.Process(victim).send_signal(fault.signal)
+        since = time.monotonic()
         if fault.node:
             # The lost node's workers outlive their raylet until Ray's check of it ends them (about a second): held,
             # they end in the stage, as on a host that went down, instead of finishing it over gloo meanwhile.
             lost = workers & node_processes
             with contextlib.suppress(FaultError):
                 wait_until(lambda: not running(lost), f"the workers of node {node_ip} to end", LOST_WORKERS_S, 0.05)
-    finally:  # the workers held at the stage (plan_for) go on: the survivors into the collective with the victim
-        (out / "lifecycle" / HOLD_RELEASED).touch()
-    since = time.monotonic()
+    finally:  # the held workers go on (the survivors into the collective with the victim), also when planting failed
+        release_held_workers(out)
     what = f"the raylet of node {node_ip} (pid {victim})" if fault.node else f"worker pid {victim}"
     try:
         stop_s = time_to_stop(

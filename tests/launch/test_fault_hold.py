@@ -122,3 +122,16 @@ def test_checkpoint_fault_runs_hold_nothing(name: str, tmp_path: Path) -> None:
     assert plan.hold_at is None
     inputs = Inputs(tmp_path / "model", tmp_path / "mcore", tmp_path / "data")
     assert not [o for o in overrides(plan, inputs, tmp_path, Path.cwd()) if envs.R1_ASCEND_REHEARSE_HOLD in o]
+
+
+def test_releasing_lets_every_later_entry_go_on_even_without_records_yet(
+    held_at_update_2: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rehearsal releases in a ``finally``: also when run 1 ended before writing any record (no lifecycle
+    directory yet), and twice without harm; a relaunch or ``--resume`` entering the stage again is not held."""
+    out = held_at_update_2 / "out"
+    monkeypatch.setenv(envs.R1_ASCEND_REHEARSE_DIR, str(out / "lifecycle"))
+    process_faults.release_held_workers(out)
+    process_faults.release_held_workers(out)
+    assert (out / "lifecycle" / HOLD_RELEASED).is_file()
+    assert worker_hooks.hold_for_the_fault("update_actor", 2) < 0.05
