@@ -267,3 +267,55 @@ def check(verdict: str) -> compare.CheckResult:
 def test_exit_code(verdicts: list[str], code: int) -> None:
     assert compare.exit_code([check(v) for v in verdicts]) == code
     assert (compare.EXIT_OK, compare.EXIT_REGRESSION, compare.EXIT_ERROR) == (0, 1, 2)
+
+
+#: Every metric the default checks read, logged on every step (values arbitrary but positive).
+EVERY_METRIC = {
+    "perf__throughput": [100.0] * 3,
+    "critic__rewards__mean": [0.5] * 3,
+    "perf__max_memory_allocated_gb": [10.0] * 3,
+    **{f"timing_s__{key}": [4.0] * 3 for key in ("gen", "reshard", "reward", "old_log_prob", "ref", "update_actor")},
+}
+
+
+@pytest.mark.parametrize("absent_from", ["baseline", "candidate"])
+def test_a_missing_row_keeps_the_checks_label_threshold_the_value_logged_and_both_counts(absent_from: str) -> None:
+    """A reader of a MISSING DATA row sees which check it is, its limit, the side that logged the metric with its
+    value and step count, and which side did not: the same label and threshold as when both logged it."""
+    full, empty = run("full", **EVERY_METRIC), run("empty", timing_s__step=[100.0] * 3)
+    both = {r.source: r for r in compare.compare_runs(full, full, WINDOW, compare.Thresholds())}
+    base, cand = (empty, full) if absent_from == "baseline" else (full, empty)
+    rows = {r.source: r for r in compare.compare_runs(base, cand, WINDOW, compare.Thresholds())}
+    missing = [source for source, row in rows.items() if row.verdict == VERDICT_MISSING]
+    assert len(missing) == len(both) - 1  # all but the step time, which every step logs
+    for source in missing:
+        row, whole = rows[source], both[source]
+        assert (row.metric, row.threshold, row.stage, row.change) == (whole.metric, whole.threshold, whole.stage, "n/a")
+        logged = (
+            (row.baseline, row.baseline_steps) if absent_from == "candidate" else (row.candidate, row.candidate_steps)
+        )
+        silent = (
+            (row.candidate, row.candidate_steps) if absent_from == "candidate" else (row.baseline, row.baseline_steps)
+        )
+        assert logged == (whole.baseline, whole.baseline_steps), source
+        assert silent == (None, 0), source
+        assert row.note == f"not logged in the window by the {absent_from}", source
+
+
+@pytest.mark.parametrize("logged_by", ["baseline", "candidate"])
+def test_an_optional_metric_logged_by_one_run_is_missing_data_not_skipped(logged_by: str) -> None:
+    """The expert-load check is skipped only when neither run logs it (a dense model); one MoE run beside a run
+    without it is a comparison that cannot be made, and says so."""
+    (key,) = compare.OPTIONAL_METRICS
+    moe, dense = run("moe", **{key.replace("/", "__"): [1.5] * 3}), run("dense", timing_s__step=[100.0] * 3)
+    base, cand = (moe, dense) if logged_by == "baseline" else (dense, moe)
+    rows = [r for r in compare.compare_runs(base, cand, WINDOW, compare.Thresholds()) if r.source == key]
+    assert [(r.verdict, r.baseline_steps + r.candidate_steps) for r in rows] == [(VERDICT_MISSING, 2)]
+    assert [r for r in compare.compare_runs(dense, dense, WINDOW, compare.Thresholds()) if r.source == key] == []
+
+
+def test_a_non_finite_reshard_time_is_left_out_of_its_mean() -> None:
+    base = run("base", timing_s__reshard=[4.0, 4.0, 4.0])
+    cand = run("cand", timing_s__reshard=[4.0, math.nan, 4.0])
+    found = result(base, cand, none_but(reshard=0.1), "timing_s/reshard or timing_s/gen − timing_s/generate_sequences")
+    assert (found.candidate, found.candidate_steps) == (4.0, 1)
