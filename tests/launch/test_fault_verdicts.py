@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from r1_ascend.rehearse import faults, process_faults
-from r1_ascend.rehearse.config import Plan
+from r1_ascend.rehearse.config import FAULT_BATCH, Plan
 from r1_ascend.rehearse.faults import FaultError, check_kept, check_refusal, corrupt_latest, plan_for, time_to_stop
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "patches"))
@@ -58,6 +58,9 @@ def test_each_fault_plan_saves_every_step_and_keeps_one_fewer_than_it_runs(fault
     plan = plan_for(fault, Plan(min_reward_rise=0.5, lr=0.25))
     assert (plan.total_steps, plan.save_freq, plan.test_freq, plan.max_ckpt_to_keep) == (steps, 1, steps, steps - 1)
     assert (plan.min_reward_rise, plan.lr) == (None, 0.25)
+    # the smaller batch: what a fault run checks needs no learning
+    assert {key: getattr(plan, key) for key in FAULT_BATCH} == FAULT_BATCH
+    assert (plan.prompts_per_step, plan.samples_per_prompt) != (Plan.prompts_per_step, Plan.samples_per_prompt)
 
 
 # --- the end of a fault run --------------------------------------------------------------------------------------
