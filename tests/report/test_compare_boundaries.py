@@ -284,6 +284,7 @@ def test_a_missing_row_keeps_the_checks_label_threshold_the_value_logged_and_bot
     value and step count, and which side did not: the same label and threshold as when both logged it."""
     full, empty = run("full", **EVERY_METRIC), run("empty", timing_s__step=[100.0] * 3)
     both = {r.source: r for r in compare.compare_runs(full, full, WINDOW, compare.Thresholds())}
+    assert {r.stage for r in both.values() if r.stage} == set(compare.STAGE_NAMES)  # the defaults check every stage
     base, cand = (empty, full) if absent_from == "baseline" else (full, empty)
     rows = {r.source: r for r in compare.compare_runs(base, cand, WINDOW, compare.Thresholds())}
     missing = [source for source, row in rows.items() if row.verdict == VERDICT_MISSING]
