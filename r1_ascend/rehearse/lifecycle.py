@@ -18,9 +18,6 @@ SAMPLER_PATCH = "verl_rollout_guard"
 #: once vllm-ascend registers its models, as on the cluster (r1_ascend.cpu.vllm_deepseek).
 VLLM_LOADER = "vllm_ascend.models.deepseek_v2.CustomDeepseekV3ForCausalLM"
 PRELUDE_LINE = re.compile(r"r1-ascend overlay \(pid (\d+)\): applied=(\S+) already=(\S+)")
-#: The file, beside the records, whose existence releases the workers held at the planted stage
-#: (``R1_ASCEND_REHEARSE_HOLD``): the rehearsal writes it once the process fault is planted.
-HOLD_RELEASED = "hold-released"
 
 
 class LifecycleError(AssertionError):

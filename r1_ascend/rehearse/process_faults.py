@@ -30,6 +30,7 @@ from pathlib import Path
 import psutil
 
 from r1_ascend.rehearse.config import Plan
+from r1_ascend.rehearse.fault_hold import release_held_workers
 from r1_ascend.rehearse.faults import (
     STOP_BOUND_S,
     FaultError,
@@ -44,7 +45,7 @@ from r1_ascend.rehearse.faults import (
 )
 from r1_ascend.rehearse.faults import plan_for as fault_plan_for
 from r1_ascend.rehearse.leftovers import Leftover, node_daemons, run_processes
-from r1_ascend.rehearse.lifecycle import HOLD_RELEASED, read_lifecycle
+from r1_ascend.rehearse.lifecycle import read_lifecycle
 
 
 @dataclass(frozen=True)
@@ -140,14 +141,6 @@ def raylet_of(pids: set[int]) -> int:
         except psutil.NoSuchProcess:
             continue
     raise FaultError(f"no raylet among the node's Ray processes {sorted(pids)}")
-
-
-def release_held_workers(out: Path) -> None:
-    """Let the workers held at the fault's stage (:func:`plan_for`) go on; a later entry of that stage (the relaunch,
-    a ``--resume``) is not held again."""
-    directory = out / "lifecycle"
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / HOLD_RELEASED).touch()
 
 
 def plant(

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from r1_ascend import envs
-from r1_ascend.rehearse.lifecycle import HOLD_RELEASED
+from r1_ascend.rehearse.fault_hold import hold_for_the_fault
 
 # --- lifecycle record ---------------------------------------------------------------------------------------------
 
@@ -176,26 +176,6 @@ def record_stage(stage: str, phase: str, step: int | None) -> None:
         _update_step[0] = step
     if stage == "init_model" and phase == "leave":
         _freeze_heap()
-
-
-#: How long a held worker waits for the rehearsal to plant its fault before it goes on (the rehearsal takes well
-#: under a second; a rehearsal that died must not leave the run stuck).
-HOLD_LIMIT_S = 60.0
-
-
-def hold_for_the_fault(stage: str, step: int | None) -> float:
-    """With ``R1_ASCEND_REHEARSE_HOLD=STAGE@STEP``, wait on entering that stage of that step until the rehearsal
-    wrote ``HOLD_RELEASED`` beside the records; return the seconds waited. Why: the rehearsal plants a process fault
-    when it reads a worker's entry into the stage, and a stage of this tiny model can end first (``update_actor``
-    takes 0.6 s here), so the fault would hit the next stage instead. The worker's heartbeat has already named the
-    stage (the watchdog patch beats before it calls its listeners), as it has on a cluster while the stage runs."""
-    if (stage, step) != envs.rehearse_hold():
-        return 0.0
-    released = os.path.join(envs.rehearse_dir() or ".", HOLD_RELEASED)
-    began = time.monotonic()
-    while not os.path.exists(released) and time.monotonic() - began < HOLD_LIMIT_S:
-        time.sleep(0.01)
-    return time.monotonic() - began
 
 
 def _freeze_heap() -> None:
