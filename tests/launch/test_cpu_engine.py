@@ -8,6 +8,7 @@ over prompt + response (no KV cache, no padding) for sampling and log-probs.
 from __future__ import annotations
 
 import asyncio
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,12 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 #: a batch of rows) only reorders float32 sums (measured 1e-6, here and at the rehearsal's sizes). bf16: measured 0 on
 #: these short prompts and up to 5e-3 (mean 9e-4) at the rehearsal's (8 rows, 100-300-token prompts, 24 tokens).
 LOGPROB_TOLERANCE = {"float32": 1e-5, "bfloat16": 0.02}
+#: In bf16 the engine's products (one token at a time) and the teacher-forced ones (the whole sequence) sum in other
+#: fp32 orders: most tokens' log-probs agree exactly or to a rounding, a few move more where a near-tie in the MoE
+#: router's choice flips (seen: 1 token of 72 at 0.082, with one BLAS thread as under pytest-xdist, on one machine;
+#: under 0.01 on another). So bf16 is held to a median and a mean, and its largest gap only to a loose bound; the
+#: gap to the raw logits' log-probs (what the patch fixes) has a median of about 0.027 there.
+BF16_MEDIAN, BF16_WORST = 0.005, 0.25
 PROMPT_LENGTHS = (5, 11, 17)
 
 
@@ -108,9 +115,15 @@ def test_routing_bias_is_kept_in_float32(model_dir: Path) -> None:
 
 def worst_logprob_gap(llm: CPUStandInLLM, temperature: float, scale: float) -> float:
     """Max |returned log-prob - log_softmax(teacher-forced logits / scale)| over 2 samples of each prompt."""
+    return logprob_gaps(llm, temperature, scale)[0]
+
+
+def logprob_gaps(llm: CPUStandInLLM, temperature: float, scale: float) -> tuple[float, float, float]:
+    """The largest, the mean and the median |returned log-prob - log_softmax(teacher-forced logits / scale)| over 2
+    samples of each prompt."""
     params = SamplingParams(n=2, temperature=temperature, max_tokens=12, logprobs=0, ignore_eos=True)
     outputs = llm.generate(prompts(llm.hf_config.vocab_size), params)
-    worst = 0.0
+    worst, gaps = 0.0, []
     for output in outputs:
         for completion in output.outputs:
             tokens = list(completion.token_ids)
@@ -119,8 +132,9 @@ def worst_logprob_gap(llm: CPUStandInLLM, temperature: float, scale: float) -> f
             logits = teacher_forced_logits(llm.model, list(output.prompt_token_ids), tokens)
             expected = (logits / scale).log_softmax(-1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
             worst = max(worst, float((rollout - expected).abs().max()))
+            gaps += (rollout - expected).abs().tolist()
             assert completion.cumulative_logprob == pytest.approx(float(rollout.sum()), abs=1e-4)
-    return worst
+    return worst, statistics.mean(gaps), statistics.median(gaps)
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
@@ -129,8 +143,14 @@ def test_logprobs_equal_a_teacher_forced_forward(model_dir: Path, dtype: str) ->
     of the sampled token under a teacher-forced forward: what the actor recomputes."""
     apply_one(spec_by_name("verl_rollout_guard"))
     llm = with_routing_bias(make_llm(model_dir, dtype, seed=3))
-    worst = worst_logprob_gap(llm, temperature=0.9, scale=0.9)
-    assert worst <= LOGPROB_TOLERANCE[dtype], f"{dtype}: max |Δ log-prob| {worst:.3g}"
+    worst, mean, median = logprob_gaps(llm, temperature=0.9, scale=0.9)
+    if dtype == "float32":
+        assert worst <= LOGPROB_TOLERANCE[dtype], f"{dtype}: max |Δ log-prob| {worst:.3g}"
+    else:
+        said = f"{dtype}: |Δ log-prob| median {median:.3g}, mean {mean:.3g}, max {worst:.3g}"
+        assert median <= BF16_MEDIAN, said
+        assert mean <= LOGPROB_TOLERANCE[dtype], said
+        assert worst <= BF16_WORST, said
     assert llm.sampler_calls.take() == {"calls": 12, "patched_by": ["verl_rollout_guard"]}  # 12 steps, one batch
 
 
