@@ -93,6 +93,19 @@ def test_a_relative_change_from_a_non_positive_baseline_is_missing(baseline: flo
     )
     assert (found.verdict, found.change) == (VERDICT_MISSING, "n/a")
     assert found.note == "baseline value is not positive; a relative change is undefined"
+    # the row still says which check, its limit, both values and both counts
+    assert (found.metric, found.threshold) == ("throughput (tokens/s per die, mean)", "-5.0%")
+    assert (found.baseline, found.candidate, found.baseline_steps, found.candidate_steps) == (baseline, 5.0, 2, 2)
+
+
+def test_a_positive_baseline_under_one_is_compared() -> None:
+    found = result(
+        run("b", perf__throughput=[0.5] * 3),
+        run("c", perf__throughput=[0.5] * 3),
+        none_but(max_throughput_drop=0.05),
+        mn.THROUGHPUT_PER_DIE,
+    )
+    assert (found.verdict, found.change) == (VERDICT_OK, "+0.00%")
 
 
 # --- whole-run checks: absolute -----------------------------------------------------------------------------------
@@ -190,6 +203,9 @@ def test_the_window_is_inclusive_at_both_ends() -> None:
         (20.0, 23.0, VERDICT_REGRESSION),  # +15 % and +3 s
         (10.0, 11.5, VERDICT_OK),  # +15 % but +1.5 s: under the floor
         (40.0, 43.0, VERDICT_OK),  # +3 s but +7.5 %: under the relative limit
+        (40.0, 44.0, VERDICT_OK),  # +10 % exactly (+4 s): at the relative limit only
+        (10.0, 12.0, VERDICT_OK),  # +2 s exactly (+20 %): at the floor only
+        (0.5, 0.5, VERDICT_OK),  # a positive baseline under a second is compared, not missing
     ],
 )
 def test_a_stage_regresses_only_past_its_limit_and_its_floor(base_s: float, cand_s: float, verdict: str) -> None:
