@@ -25,6 +25,7 @@ from pathlib import Path
 
 import psutil
 
+from r1_ascend.patches.rules.checkpoints import TRACKER
 from r1_ascend.ports import unused_local_port
 from r1_ascend.rehearse.budget import RssSampler
 from r1_ascend.rehearse.config import Plan, driver_command, node_ip
@@ -215,7 +216,7 @@ def stop_cluster(cluster: Cluster) -> None:
 
 
 def _saved_step(checkpoints: Path) -> int:
-    text = read_log(checkpoints / "latest_checkpointed_iteration.txt").strip()
+    text = read_log(checkpoints / TRACKER).strip()
     return int(text) if text.isdigit() else 0
 
 
@@ -227,7 +228,9 @@ def kill_mid_step(
     checkpoints = out / "checkpoints"
     saved = after_step or plan.save_freq
     wait_for(lambda: _saved_step(checkpoints) >= saved, f"the checkpoint of step {saved}", 900, driver, log)
-    saved_at = time.time()
+    # when the tracker was written, not when this poll saw it: a step of the fault plan's batch can begin generating
+    # within the poll's half second, and a later origin missed that generation (and then waited for the run's end)
+    saved_at = (checkpoints / TRACKER).stat().st_mtime
 
     def next_step_generating() -> bool:
         events = read_lifecycle(out / "lifecycle")
