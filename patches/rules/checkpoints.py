@@ -93,6 +93,12 @@ def read_tracker(root: Path) -> int | str | None:
     return int(text)
 
 
+def tracker_written_at(root: Path) -> float:
+    """When verl last wrote its tracker file (seconds since the epoch): when the step it names became the latest
+    complete checkpoint, which a poll that reads the tracker sees only later."""
+    return (root / TRACKER).stat().st_mtime
+
+
 def inspect_step(path: Path) -> StepState:
     """Check a ``global_step_N`` directory against what verl and megatron-core write for a finished save."""
     match = _STEP_DIR.fullmatch(path.name)

@@ -4,9 +4,8 @@ one rounding of the result to bf16, through the CPU's fp32 BLAS.
 Why: on a CPU without AVX-512 BF16 or AMX (the machines this project tests on), the CPU environment's torch
 (requirements/cpu-constraints.txt) has no fast bf16 GEMM; its fallback kernel multiplies a rehearsal-sized product 8
 to 18 times slower than the fp32 one (``benchmarks/bf16_gemm_bench.py``), and the rehearsal's steps spend most of
-their time there. The products of bf16
-numbers are exact in fp32, so widening the operands, multiplying in fp32 and rounding once gives what a bf16 GEMM with
-fp32 accumulation gives, up to the order of the fp32 sums.
+their time there. The products of bf16 numbers are exact in fp32, so widening the operands, multiplying in fp32 and
+rounding once gives what a bf16 GEMM with fp32 accumulation gives, up to the order of the fp32 sums.
 
 What it replaces: the CPU kernels of ``aten::mm``, ``aten::addmm``, ``aten::bmm`` and ``aten::baddbmm`` (the calls
 ``torch.matmul``, ``F.linear``, megatron-core's linear layers and attention, and autograd's backward of them reach),

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import psutil
 
-from r1_ascend.patches.rules.checkpoints import TRACKER
+from r1_ascend.patches.rules.checkpoints import TRACKER, tracker_written_at
 from r1_ascend.ports import unused_local_port
 from r1_ascend.rehearse.budget import RssSampler
 from r1_ascend.rehearse.config import Plan, driver_command, node_ip
@@ -230,7 +230,7 @@ def kill_mid_step(
     wait_for(lambda: _saved_step(checkpoints) >= saved, f"the checkpoint of step {saved}", 900, driver, log)
     # when the tracker was written, not when this poll saw it: a step of the fault plan's batch can begin generating
     # within the poll's half second, and a later origin missed that generation (and then waited for the run's end)
-    saved_at = (checkpoints / TRACKER).stat().st_mtime
+    saved_at = tracker_written_at(checkpoints)
 
     def next_step_generating() -> bool:
         events = read_lifecycle(out / "lifecycle")

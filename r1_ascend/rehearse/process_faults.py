@@ -29,7 +29,7 @@ from pathlib import Path
 
 import psutil
 
-from r1_ascend.patches.rules.checkpoints import TRACKER
+from r1_ascend.patches.rules.checkpoints import tracker_written_at
 from r1_ascend.rehearse.config import Plan
 from r1_ascend.rehearse.fault_hold import release_held_workers
 from r1_ascend.rehearse.faults import (
@@ -162,7 +162,7 @@ def plant(
         wait_for_tracked_step(out, STEP - 1, driver, log)
         # from when the tracker was written, not when the poll saw it: step 2's generate_sequences begins 0.1 s after
         # step 1's save, and a later origin missed it (the fault then hit the validation's generation a minute on)
-        tracked_at = (out / "checkpoints" / TRACKER).stat().st_mtime
+        tracked_at = tracker_written_at(out / "checkpoints")
         entered = wait_until(
             lambda: stage_entered(out, fault.stage, STEP, tracked_at) or driver.poll() is not None,
             f"a worker entering {fault.stage} in step {STEP}",

@@ -160,15 +160,15 @@ def _record_stages() -> None:
     in a named stage."""
     from r1_ascend.patches import verl_worker_watchdog
 
-    if record_stage not in verl_worker_watchdog.STAGE_LISTENERS:
-        verl_worker_watchdog.STAGE_LISTENERS.append(record_stage)
+    if _record_stage not in verl_worker_watchdog.STAGE_LISTENERS:
+        verl_worker_watchdog.STAGE_LISTENERS.append(_record_stage)
 
 
 #: The training step of the update under way in this worker (its stage record), for the expert-load record.
 _update_step: list[int | None] = [None]
 
 
-def record_stage(stage: str, phase: str, step: int | None) -> None:
+def _record_stage(stage: str, phase: str, step: int | None) -> None:
     _record("stage", stage=stage, phase=phase, step=step)
     if phase == "enter":
         hold_for_the_fault(stage, step)

@@ -77,6 +77,18 @@ def weights(quickstart_weights: Path) -> Path:
     return quickstart_weights
 
 
+def _reaped_pid() -> int:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+@pytest.fixture
+def reaped_pid() -> Callable[[], int]:
+    """``reaped_pid()`` -> the pid of a process that ran and was reaped: no longer alive (a worker that is gone)."""
+    return _reaped_pid
+
+
 @pytest.fixture
 def free_port() -> Callable[[], int]:
     """``free_port()`` -> a TCP port on 127.0.0.1 nothing listens on right now (Ray ports in the cluster tests)."""

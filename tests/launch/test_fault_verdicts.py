@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -35,13 +36,6 @@ def still_running() -> Any:
         raise subprocess.TimeoutExpired("driver", timeout or 0)
 
     return SimpleNamespace(pid=4242, returncode=None, wait=wait)
-
-
-def gone_pid() -> int:
-    """The pid of a process that ran and was reaped: no longer alive."""
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
 
 
 def write_events(out: Path, pid: int, events: list[dict[str, object]]) -> None:
@@ -163,9 +157,9 @@ def test_a_refusal_that_does_not_say_what_it_must_fails(tmp_path: Path, text: st
         check_refusal(finished(code), tmp_path, log, CUT, since=0.0, before=set())
 
 
-def test_a_worker_that_loaded_before_the_refusal_fails(tmp_path: Path) -> None:
+def test_a_worker_that_loaded_before_the_refusal_fails(tmp_path: Path, reaped_pid: Callable[[], int]) -> None:
     log = relaunch_log(tmp_path, REFUSAL)
-    write_events(tmp_path, gone_pid(), [{"t": 5.0, "event": "load_checkpoint", "step": 2}])
+    write_events(tmp_path, reaped_pid(), [{"t": 5.0, "event": "load_checkpoint", "step": 2}])
     with pytest.raises(FaultError, match="workers loaded a checkpoint before the refusal"):
         check_refusal(finished(1), tmp_path, log, CUT, since=0.0, before=set())
 
@@ -253,10 +247,10 @@ def test_workers_get_what_is_left_of_the_bound_and_every_one_left_is_named(tmp_p
             process.wait()
 
 
-def test_a_vanished_pid_does_not_hide_a_running_one() -> None:
+def test_a_vanished_pid_does_not_hide_a_running_one(reaped_pid: Callable[[], int]) -> None:
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        for vanished in (gone_pid(), 1 << 22):
+        for vanished in (reaped_pid(), 1 << 22):
             assert faults.running({vanished, sleeper.pid}) == {sleeper.pid}
     finally:
         sleeper.kill()

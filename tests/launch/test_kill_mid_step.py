@@ -7,21 +7,17 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from r1_ascend.rehearse.cluster import kill_mid_step
 from r1_ascend.rehearse.config import Plan
-
-
-def gone_pid() -> int:
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
+from r1_ascend.rehearse.progress import RehearsalError
 
 
 def driver(ends_after_s: float = 3.0) -> Any:
@@ -37,7 +33,9 @@ def driver(ends_after_s: float = 3.0) -> Any:
     )
 
 
-def test_a_generation_that_began_before_the_poll_saw_the_checkpoint_is_the_next_step(tmp_path: Path) -> None:
+def test_a_generation_that_began_before_the_poll_saw_the_checkpoint_is_the_next_step(
+    tmp_path: Path, reaped_pid: Callable[[], int]
+) -> None:
     checkpoints, records = tmp_path / "checkpoints", tmp_path / "lifecycle"
     checkpoints.mkdir()
     records.mkdir()
@@ -45,7 +43,7 @@ def test_a_generation_that_began_before_the_poll_saw_the_checkpoint_is_the_next_
     tracker.write_text("2")
     written = tracker.stat().st_mtime
     os.utime(tracker, (written - 5.0, written - 5.0))  # the checkpoint of step 2, tracked 5 s ago
-    worker = gone_pid()
+    worker = reaped_pid()
     events = [
         {"t": written - 6.0, "pid": worker, "event": "generate", "validate": False},  # step 2's, before its save
         {"t": written - 4.9, "pid": worker, "event": "generate", "validate": True},  # a validation: not a step
@@ -58,17 +56,15 @@ def test_a_generation_that_began_before_the_poll_saw_the_checkpoint_is_the_next_
     assert killed.sent == [9]  # SIGKILL
 
 
-def test_without_a_generation_after_the_checkpoint_the_driver_is_not_killed(tmp_path: Path) -> None:
+def test_without_a_generation_after_the_checkpoint_the_driver_is_not_killed(
+    tmp_path: Path, reaped_pid: Callable[[], int]
+) -> None:
     """Only the validation and the step before the checkpoint generated: waiting goes on (cut short here by the
     driver ending), and nothing is killed."""
-    import pytest
-
-    from r1_ascend.rehearse.progress import RehearsalError
-
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "lifecycle").mkdir()
     (tmp_path / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("2")
-    worker = gone_pid()
+    worker = reaped_pid()
     before = {"t": 0.0, "pid": worker, "event": "generate", "validate": False}
     (tmp_path / "lifecycle" / f"lifecycle-{worker}.log").write_text(json.dumps(before) + "\n")
     ended = SimpleNamespace(pid=4242, returncode=0, poll=lambda: 0, send_signal=lambda s: None, wait=lambda t=None: 0)

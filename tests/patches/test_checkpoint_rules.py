@@ -22,6 +22,7 @@ from r1_ascend.patches.rules.checkpoints import (
     resume_decision,
     stale_steps,
     step_dirs,
+    tracker_written_at,
 )
 from r1_ascend.patches.verl_checkpoint_integrity import remove_stale
 
@@ -456,3 +457,12 @@ def test_a_refused_resume_path_lists_its_problems_and_the_way_back(tmp_path: Pat
         f"trainer.resume_from_path={bad} is not a complete checkpoint: {'; '.join(inspect_step(bad).problems)}. Fix: "
     )
     assert f"trainer.resume_from_path={good} (or write 1 to {tmp_path / TRACKER})" in decision.message
+
+
+def test_the_tracker_is_dated_by_when_verl_wrote_it(tmp_path: Path) -> None:
+    """A poll sees the tracker later than verl wrote it: the step's start is measured from the write."""
+    import os
+
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("2")
+    os.utime(tmp_path / "latest_checkpointed_iteration.txt", (1000.0, 1234.5))
+    assert tracker_written_at(tmp_path) == 1234.5

@@ -155,26 +155,41 @@ def test_every_stage_is_wrapped_and_keeps_verls_dispatch(patched: Any) -> None:
         assert getattr(method, MAGIC_ATTR, None), f"{stage} lost verl's @register attributes"
 
 
-def test_a_stage_is_reported_while_the_method_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    import ray
+class Worker:
+    """A worker process in miniature: the watchdog patch's heartbeat (no thread) beating to a monitor that keeps
+    what it was sent, and a stage listener that keeps what it heard."""
 
-    from r1_ascend.patches import verl_worker_watchdog as patch
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import ray
 
-    sent: list[tuple[Any, ...]] = []
+        from r1_ascend.patches import verl_worker_watchdog as patch
 
-    class Monitor:
-        class beat:
-            @staticmethod
-            def remote(*args: Any) -> None:
-                sent.append(args)
+        self.patch = patch
+        self.sent: list[tuple[Any, ...]] = []
+        self.heard: list[tuple[str, str, int | None]] = []
+        sent = self.sent
 
-    monkeypatch.setattr(ray, "get_actor", lambda name: Monitor)
-    monkeypatch.setattr(ray, "is_initialized", lambda: True)
-    monkeypatch.setattr(patch, "_identity", lambda: {"rank": 3, "pid": 1, "node": "n", "actor": "a"})
-    monkeypatch.setattr(patch, "_HEART", patch._Heart())
-    monkeypatch.setattr(patch._Heart, "_run", lambda self: None)  # no background beats in the test
-    heard: list[tuple[str, str, int | None]] = []
-    monkeypatch.setattr(patch, "STAGE_LISTENERS", [lambda *event: heard.append(event)])
+        class Monitor:
+            class beat:
+                @staticmethod
+                def remote(*args: Any) -> None:
+                    sent.append(args)
+
+        monkeypatch.setattr(ray, "get_actor", lambda name: Monitor)
+        monkeypatch.setattr(ray, "is_initialized", lambda: True)
+        monkeypatch.setattr(patch, "_identity", lambda: {"rank": 3, "pid": 1, "node": "n", "actor": "a"})
+        monkeypatch.setattr(patch, "_HEART", patch._Heart())
+        monkeypatch.setattr(patch._Heart, "_run", lambda self: None)  # no background beats in the test
+        monkeypatch.setattr(patch, "STAGE_LISTENERS", [lambda *event: self.heard.append(event)])
+
+
+@pytest.fixture
+def worker(monkeypatch: pytest.MonkeyPatch) -> Worker:
+    return Worker(monkeypatch)
+
+
+def test_a_stage_is_reported_while_the_method_runs(worker: Worker) -> None:
+    patch, sent, heard = worker.patch, worker.sent, worker.heard
 
     class Batch:
         meta_info: ClassVar[dict[str, int]] = {"global_steps": 7}
@@ -189,28 +204,10 @@ def test_a_stage_is_reported_while_the_method_runs(monkeypatch: pytest.MonkeyPat
     assert sent[0][3] == 7
 
 
-def test_a_worker_that_fails_out_of_a_stage_stays_reported_in_it(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_worker_that_fails_out_of_a_stage_stays_reported_in_it(worker: Worker) -> None:
     """When a peer's node is lost, the survivors' collective raises: the stage they failed in is where the run
     stopped, so their heartbeat keeps naming it (until the next stage), while listeners still hear the leave."""
-    import ray
-
-    from r1_ascend.patches import verl_worker_watchdog as patch
-
-    sent: list[tuple[Any, ...]] = []
-
-    class Monitor:
-        class beat:
-            @staticmethod
-            def remote(*args: Any) -> None:
-                sent.append(args)
-
-    monkeypatch.setattr(ray, "get_actor", lambda name: Monitor)
-    monkeypatch.setattr(ray, "is_initialized", lambda: True)
-    monkeypatch.setattr(patch, "_identity", lambda: {"rank": 0, "pid": 1, "node": "n", "actor": "a"})
-    monkeypatch.setattr(patch, "_HEART", patch._Heart())
-    monkeypatch.setattr(patch._Heart, "_run", lambda self: None)
-    heard: list[tuple[str, str, int | None]] = []
-    monkeypatch.setattr(patch, "STAGE_LISTENERS", [lambda *event: heard.append(event)])
+    patch, sent, heard = worker.patch, worker.sent, worker.heard
 
     def collective(self: Any, data: Any) -> None:
         raise RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer")
