@@ -79,7 +79,7 @@ def pytest_report_header() -> list[str]:
 
 
 #: Test modules that start Ray or a rehearsal, or look at every process on the machine (marked ``machine``): with
-#: two pytest-xdist workers (scripts/test.sh) they run one after the other on one worker, so no two rehearsals share
+#: two pytest-xdist workers (scripts/test.sh) they run one after the other in one lane, so no two rehearsals share
 #: the two cores under their time bounds or see each other's processes, while the other worker takes the rest.
 #: The scheduler sees only test ids, hence a list; ``pytest_itemcollected`` checks it against the marker.
 MACHINE_MODULES = frozenset(
@@ -102,6 +102,34 @@ MACHINE_MODULES = frozenset(
     }
 )
 
+#: The machine modules that may run in a second lane, beside the first, when rehearsals get network namespaces of
+#: their own: each of their rehearsals judges only its own run (the processes that name its Ray temp dir, its own
+#: records), under bounds of minutes (a whole run, a stop within 180 s), and plants no fault a machine-wide check of
+#: the other lane could mistake for its own (every Ray process of a rehearsal carries its ``RAY_TEMP_DIR``, which
+#: r1_ascend.rehearse.leftovers reads as "claimed by another run"). The first lane keeps the process faults, whose
+#: stops are timed against tighter bounds, the machine-wide leftover checks and the tests that start Ray on the
+#: host's loopback. The rehearsals are mostly waiting for start-up and for each other's processes: two lanes took the
+#: full tier from 34 to NN minutes of pytest (docs/benchmarks.md, "Test tiers").
+SECOND_LANE_MODULES = frozenset(
+    {
+        "tests/launch/test_rehearse.py",
+        "tests/launch/test_rehearse_moe_faults.py",
+        "tests/launch/test_rehearse_rollout_fault.py",
+    }
+)
+
+
+def network_namespaces_available() -> bool:
+    """Whether this machine lets the rehearsal give each run a network namespace (root and iproute2): without them
+    two rehearsals would share the host's loopback addresses and ports, so the machine modules stay in one lane."""
+    from r1_ascend.rehearse.cluster import delete_netns, make_netns
+
+    _, name = make_netns()
+    if name is None:
+        return False
+    delete_netns(name)
+    return True
+
 
 def pytest_itemcollected(item: pytest.Item) -> None:
     """A test marked ``machine`` outside :data:`MACHINE_MODULES` (or the reverse) would run beside a rehearsal."""
@@ -112,13 +140,25 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """pytest-xdist's scope scheduling (a module is one unit, so its module fixtures are built once), with every
-    machine module in one unit."""
+    """pytest-xdist's scope scheduling (a module is one unit, so its module fixtures are built once), with the machine
+    modules in one unit, or in two (the second lane) where rehearsals get network namespaces. The lanes go first in
+    the queue, one to each worker; the other units follow, largest first."""
     from xdist.scheduler import LoadScopeScheduling
 
-    class MachineModulesTogether(LoadScopeScheduling):
+    lanes = ("machine", "machine-2") if network_namespaces_available() else ("machine", "machine")
+
+    class MachineLanes(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
-            return "machine" if module in MACHINE_MODULES else module
+            if module not in MACHINE_MODULES:
+                return module
+            return lanes[1] if module in SECOND_LANE_MODULES else lanes[0]
 
-    return MachineModulesTogether(config, log)
+        def _assign_work_unit(self, node: object) -> None:
+            for lane in lanes:
+                if lane in self.workqueue:
+                    self.workqueue.move_to_end(lane, last=False)
+                    break
+            super()._assign_work_unit(node)
+
+    return MachineLanes(config, log)

@@ -77,6 +77,11 @@ def make_netns() -> tuple[list[str], str | None]:
     return prefix, name
 
 
+def delete_netns(name: str) -> None:
+    """Delete a namespace :func:`make_netns` made (nothing runs in it any more)."""
+    subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
+
+
 def node_dir(out: Path, ip: str) -> Path:
     """A simulated node's run directory (its ``R1_ASCEND_RUN_DIR``: pid files and Ray start logs)."""
     return out / "nodes" / ip
@@ -212,7 +217,7 @@ def stop_cluster(cluster: Cluster) -> None:
     if cluster.temp_dir:
         shutil.rmtree(cluster.temp_dir, ignore_errors=True)
     if cluster.netns:
-        subprocess.run(["ip", "netns", "delete", cluster.netns], capture_output=True, check=False)
+        delete_netns(cluster.netns)
 
 
 def _saved_step(checkpoints: Path) -> int:
