@@ -108,8 +108,8 @@ MACHINE_MODULES = frozenset(
 #: the other lane could mistake for its own (every Ray process of a rehearsal carries its ``RAY_TEMP_DIR``, which
 #: r1_ascend.rehearse.leftovers reads as "claimed by another run"). The first lane keeps the process faults, whose
 #: stops are timed against tighter bounds, the machine-wide leftover checks and the tests that start Ray on the
-#: host's loopback. The rehearsals are mostly waiting for start-up and for each other's processes: two lanes took the
-#: full tier from 34 to NN minutes of pytest (docs/benchmarks.md, "Test tiers").
+#: host's loopback. One rehearsal leaves a third of the two cores idle (it waits on its processes' start-up in turn):
+#: two lanes took the full tier from 2067 to 1792 s of pytest on a 2-core machine (docs/benchmarks.md, "Test tiers").
 SECOND_LANE_MODULES = frozenset(
     {
         "tests/launch/test_rehearse.py",

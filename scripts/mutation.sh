@@ -96,6 +96,25 @@ pytest_add_cli_args_test_selection = ["-m", "not slow", "-k", "not test_weakenin
 EOF
 }
 
+# run_in_background_session DIR CMD...: CMD in DIR, in a session of its own whose scheduling group is niced where the
+# kernel groups by session (sched_autogroup): there nice alone holds a process back only within its own session, and
+# every Ray node of a rehearsal or test run starts sessions of its own, so a mutation run at nice 10 took a core
+# from them. The script's INT and TERM stop the whole session.
+session=""
+run_in_background_session() {
+    local dir="$1"
+    shift
+    # shellcheck disable=SC2016 # expanded by the session's shell
+    setsid bash -c 'cd "$1" && shift && { [[ ! -w /proc/self/autogroup ]] || echo 19 >/proc/self/autogroup; } &&
+        exec nice -n 10 "$@"' mutation "${dir}" "$@" &
+    session=$!
+    local status=0
+    wait "${session}" || status=$?
+    session=""
+    return "${status}"
+}
+trap 'if [[ -n "${session}" ]]; then kill -TERM -- "-${session}" 2>/dev/null || true; fi; exit 130' INT TERM
+
 # the chosen modules' table rows, in the order given (default: the whole table)
 rows="${modules}"
 if [[ $# -gt 0 ]]; then
@@ -114,12 +133,12 @@ while IFS='|' read -r name source tests scored; do
     read -r -a test_files <<<"${tests}"
     echo "mutation: ${name} (${source}) against ${tests} (not slow), in ${dir}"
     stage "${dir}" "${source}" "${test_files[@]}"
+    if ! run_in_background_session "${dir}" "${python}" -m mutmut run --max-children 1 >"${dir}/mutmut.log" 2>&1; then
+        echo "mutation: mutmut failed on ${name}; see ${dir}/mutmut.log" >&2
+        tail -n 20 "${dir}/mutmut.log" >&2
+    fi
     (
         cd "${dir}"
-        if ! nice -n 10 "${python}" -m mutmut run --max-children 1 >mutmut.log 2>&1; then
-            echo "mutation: mutmut failed on ${name}; see ${dir}/mutmut.log" >&2
-            tail -n 20 mutmut.log >&2
-        fi
         "${python}" -m mutmut results --all true >results.txt
         "${python}" - >survivors.txt <<'PY'
 # the diff of every mutant no test detected (``mutmut show`` for each, in one process)
