@@ -6,8 +6,9 @@
 #   bash scripts/test.sh --all [pytest args]   the full tier, what CI runs: every test, slow ones included
 #
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh tests/patches -k offload`. Two pytest-xdist workers
-# (R1_ASCEND_TEST_WORKERS, 0 for none): the tests marked `machine` (Ray, rehearsals) run one at a time on one
-# worker while the other takes the rest (conftest.py).
+# (R1_ASCEND_TEST_WORKERS, 0 for none): the tests marked `machine` (Ray, rehearsals) run one at a time in each of two
+# lanes, the process faults on one worker and the other rehearsals on the other, which then takes the rest
+# (conftest.py; one lane where rehearsals get no network namespace).
 set -euo pipefail
 
 # shellcheck source=scripts/lib.sh

@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 
 from r1_ascend.launch import pitfalls
 from r1_ascend.launch.checks import OK, SKIPPED, WARNING, Run
+from r1_ascend.launch.model_info import KNOWN_MODELS, ModelInfo
 from r1_ascend.launch.overlays import DEFAULT_OVERLAY, SMOKE_OVERLAY
 from r1_ascend.launch.preflight import run_checks
 
@@ -218,6 +219,58 @@ def test_mla_tensor_parallel_is_skipped_without_a_known_model(shipped: Run) -> N
     assert levels(pitfalls.rule_mla_tensor_parallel, run) == [SKIPPED]
 
 
+def _tp2(run: Run, **settings: Any) -> Run:
+    return changed(run, **{f"{A}__actor__megatron__tensor_model_parallel_size": 2, **settings})
+
+
+def test_a_read_model_directory_decides_mla_over_the_known_config(shipped: Run) -> None:
+    """The shipped config is DeepSeek-V3's, but a model directory without ``kv_lora_rank`` is not MLA."""
+    plain = ModelInfo(None, {"num_hidden_layers": 2})
+    assert levels(pitfalls.rule_mla_tensor_parallel, dataclasses.replace(_tp2(shipped), model=plain)) == []
+    latent = ModelInfo(None, {"kv_lora_rank": 512})
+    run = dataclasses.replace(_tp2(shipped), config_name="custom", model=latent)
+    assert levels(pitfalls.rule_mla_tensor_parallel, run) == [WARNING]
+
+
+def test_a_known_config_with_an_unread_model_path_is_not_taken_for_its_model(shipped: Run) -> None:
+    """A model path preflight could not read may hold another model than the config's: unknown, so skipped."""
+    run = dataclasses.replace(_tp2(shipped, **{f"{A}__model__path": "/elsewhere"}), model=None)
+    assert run.config_name in KNOWN_MODELS
+    assert levels(pitfalls.rule_mla_tensor_parallel, run) == [SKIPPED]
+
+
+@pytest.mark.parametrize(
+    ("label", "structure", "expected"),
+    [
+        ("Custom-MLA", {"kv_lora_rank": 512}, [WARNING]),
+        ("DeepSeek-V2-Lite", {}, [WARNING]),
+        ("Qwen2.5-Math-7B", {"num_hidden_layers": 28}, []),
+        ("deepseek-lowercase", {}, []),
+    ],
+)
+def test_a_known_model_is_mla_by_its_latent_rank_or_its_deepseek_name(
+    shipped: Run, monkeypatch: pytest.MonkeyPatch, label: str, structure: dict, expected: list[str]
+) -> None:
+    monkeypatch.setattr(pitfalls, "known_model", lambda name: (label, structure) if name == "known" else None)
+    run = dataclasses.replace(_tp2(shipped, **{f"{A}__model__path": ""}), config_name="known", model=None)
+    assert levels(pitfalls.rule_mla_tensor_parallel, run) == expected
+
+
+def test_mla_tensor_parallel_names_itself_the_cause_and_the_fix(shipped: Run) -> None:
+    (warned,) = pitfalls.rule_mla_tensor_parallel(_tp2(shipped))
+    assert warned.check == "mla_tensor_parallel"
+    assert "tensor_model_parallel_size=2 on an MLA model" in warned.message
+    assert "Megatron-LM#1699" in warned.message
+    assert "Fix: actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1" in warned.message
+    assert "scale with EP/PP instead" in warned.message
+    unknown = dataclasses.replace(_tp2(shipped, **{f"{A}__model__path": "/x"}), config_name="custom", model=None)
+    (skipped,) = pitfalls.rule_mla_tensor_parallel(unknown)
+    assert skipped.check == "mla_tensor_parallel"
+    assert skipped.message == (
+        "skipped: actor TP 2 > 1; whether the model uses MLA needs its config.json (set MODEL_PATH)"
+    )
+
+
 # --- lengths, prompts, EOS -------------------------------------------------------------------------------------
 
 
@@ -375,3 +428,45 @@ def test_the_smoke_config_is_not_taken_for_the_671b_model() -> None:
     run, _ = run_checks(SMOKE_OVERLAY, [], env={}, check_patches=False)
     assert run.model is None
     assert pitfalls.step_scale(run) is None
+
+
+#: One setting that makes each rule warn on the shipped run (the cases above), and the key its message must name.
+TRIGGERS: dict[str, tuple[dict[str, Any], str]] = {
+    "group_baseline": ({f"{A}__rollout__n": 1}, "actor_rollout_ref.rollout.n=1"),
+    "identical_samples": ({f"{A}__rollout__do_sample": False}, "do_sample"),
+    "kl_twice": ({"algorithm__use_kl_in_reward": True}, "algorithm.use_kl_in_reward=true"),
+    "kl_zero_coef": ({f"{A}__actor__kl_loss_coef": 0.0}, "kl_loss_coef=0"),
+    "critic_unused": ({"critic__enable": True}, "critic"),
+    "reward_model_overrides": (
+        {"reward_model__enable": True, "custom_reward_function__path": "reward.py"},
+        "reward_model.enable",
+    ),
+    "mla_tensor_parallel": ({f"{A}__actor__megatron__tensor_model_parallel_size": 2}, "tensor_model_parallel_size=2"),
+    "truncated_sampling": ({f"{A}__rollout__top_p": 0.9}, "top_p=0.9"),
+    "ignore_eos": ({f"{A}__rollout__ignore_eos": True}, "actor_rollout_ref.rollout.ignore_eos=true"),
+    "response_length": (
+        {"data__max_response_length": 8192, f"{A}__rollout__response_length": 4096},
+        "response_length",
+    ),
+    "prompt_truncation": ({"data__filter_overlong_prompts": False, "data__truncation": "left"}, "truncation"),
+    "checkpoint_interval": ({"trainer__save_freq": -1}, "trainer.save_freq=-1"),
+    "resume": ({"trainer__resume_mode": "disable"}, "trainer.resume_mode=disable"),
+    "validation_repeats": ({f"{A}__rollout__val_kwargs__n": 4, f"{A}__rollout__val_kwargs__do_sample": False}, "n=4"),
+    "no_update": ({f"{A}__actor__optim__lr": 0.0}, "actor_rollout_ref.actor.optim.lr=0.0"),
+}
+
+
+def test_every_rule_has_a_trigger() -> None:
+    assert sorted(TRIGGERS) == sorted(rule.__name__.removeprefix("rule_") for rule in pitfalls.RULES)
+
+
+@pytest.mark.parametrize("rule", pitfalls.RULES, ids=lambda rule: rule.__name__)
+def test_a_warning_names_its_rule_the_setting_and_the_fix(shipped: Run, rule: pitfalls.Rule) -> None:
+    """What the user reads: which check fired (the name preflight prints), the setting that fired it, and a
+    ``Fix:`` to copy."""
+    settings, key = TRIGGERS[rule.__name__.removeprefix("rule_")]
+    (finding,) = rule(changed(shipped, **settings))
+    assert finding.level == WARNING
+    assert finding.check == rule.__name__.removeprefix("rule_")
+    assert key in finding.message
+    assert "Fix: " in finding.message
