@@ -109,7 +109,7 @@ MACHINE_MODULES = frozenset(
 #: r1_ascend.rehearse.leftovers reads as "claimed by another run"). The first lane keeps the process faults, whose
 #: stops are timed against tighter bounds, the machine-wide leftover checks and the tests that start Ray on the
 #: host's loopback. One rehearsal leaves a third of the two cores idle (it waits on its processes' start-up in turn):
-#: two lanes took the full tier from 2067 to 1792 s of pytest on a 2-core machine (docs/benchmarks.md, "Test tiers").
+#: two lanes took the full tier from 2067 to 1695-1792 s of pytest on 2 cores (docs/benchmarks.md, "Test tiers").
 SECOND_LANE_MODULES = frozenset(
     {
         "tests/launch/test_rehearse.py",
