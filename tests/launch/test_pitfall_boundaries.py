@@ -470,3 +470,31 @@ def test_a_warning_names_its_rule_the_setting_and_the_fix(shipped: Run, rule: pi
     assert finding.check == rule.__name__.removeprefix("rule_")
     assert key in finding.message
     assert "Fix: " in finding.message
+
+
+def test_resume_without_a_path_names_the_missing_path_and_both_fixes(shipped: Run) -> None:
+    run = changed(shipped, trainer__resume_mode="resume_path", trainer__resume_from_path=None)
+    (finding,) = pitfalls.rule_resume(run)
+    assert finding.check == "resume"
+    assert finding.message == (
+        "trainer.resume_mode=resume_path without trainer.resume_from_path: verl finds nothing to resume from and "
+        "starts from step 0. Fix: trainer.resume_from_path=<default_local_dir>/global_step_N, or "
+        "trainer.resume_mode=auto"
+    )
+
+
+def test_the_reference_pass_cost_is_scaled_to_the_run_when_its_model_is_known(shipped: Run) -> None:
+    """The KL-at-0 warning prices the reference pass it keeps: scaled from the reference 671B step by this run's
+    work per die, or, without a known model, as the reference step's own figure."""
+    zero = {f"{A}__actor__kl_loss_coef": 0.0}
+    doubled = changed(shipped, **zero, data__train_batch_size=2 * int(shipped.config.data.train_batch_size))
+    assert pitfalls.step_scale(doubled) == pytest.approx(2 * pitfalls.step_scale(shipped))
+    (scaled,) = pitfalls.rule_kl_zero_coef(doubled)
+    seconds = pitfalls.REFERENCE_REF_PASS_S * pitfalls.step_scale(doubled)
+    assert f"(~{seconds:.0f} s per step, preflight's estimate scaled from the reference 671B step)" in scaled.message
+    unknown = dataclasses.replace(
+        changed(shipped, **zero, **{f"{A}__model__path": "/x"}), config_name="custom", model=None
+    )
+    (reference,) = pitfalls.rule_kl_zero_coef(unknown)
+    expected = f"{pitfalls.REFERENCE_REF_PASS_S:.0f} s of the reference 671B step's {pitfalls.REFERENCE_STEP_S:.0f} s"
+    assert expected in reference.message
