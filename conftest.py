@@ -145,14 +145,14 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     the queue, one to each worker; the other units follow, largest first."""
     from xdist.scheduler import LoadScopeScheduling
 
-    lanes = ("machine", "machine-2") if network_namespaces_available() else ("machine", "machine")
+    lanes = ("machine", "machine-2") if network_namespaces_available() else ("machine",)
 
     class MachineLanes(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
             if module not in MACHINE_MODULES:
                 return module
-            return lanes[1] if module in SECOND_LANE_MODULES else lanes[0]
+            return lanes[-1] if module in SECOND_LANE_MODULES else lanes[0]
 
         def _assign_work_unit(self, node: object) -> None:
             for lane in lanes:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 
 from r1_ascend.launch.smoke_model import sample_path, smoke_model_config
 from r1_ascend.ports import unused_local_port
+from r1_ascend.rehearse.cluster import delete_netns, make_netns
 
 
 def write_model(path: Path, config: dict) -> Path:
@@ -98,13 +98,9 @@ def free_port() -> Callable[[], int]:
 @pytest.fixture
 def netns() -> Iterator[list[str]]:
     """The command prefix that runs a process in a fresh loopback-only network namespace ([] if unavailable)."""
-    name = f"r1rt-{uuid.uuid4().hex[:8]}"
-    if subprocess.run(["ip", "netns", "add", name], capture_output=True, check=False).returncode != 0:
-        yield []
-        return
-    prefix = ["ip", "netns", "exec", name]
+    prefix, name = make_netns()
     try:
-        subprocess.run([*prefix, "ip", "link", "set", "lo", "up"], check=True, capture_output=True)
         yield prefix
     finally:
-        subprocess.run(["ip", "netns", "delete", name], check=False, capture_output=True)
+        if name is not None:
+            delete_netns(name)

@@ -38,6 +38,14 @@ def changed(run: Run, **settings: Any) -> Run:
     return dataclasses.replace(run, config=config)
 
 
+def unknown_model(run: Run, **settings: Any) -> Run:
+    """``run`` (with ``settings`` changed) on a model preflight cannot know: a path it could not read, a config it
+    does not ship."""
+    return dataclasses.replace(
+        changed(run, **{f"{A}__model__path": "/x", **settings}), config_name="custom", model=None
+    )
+
+
 def levels(rule: pitfalls.Rule, run: Run) -> list[str]:
     return [finding.level for finding in rule(run)]
 
@@ -214,8 +222,7 @@ def test_mla_tensor_parallel_warns_above_tp_1_only(shipped: Run) -> None:
 
 def test_mla_tensor_parallel_is_skipped_without_a_known_model(shipped: Run) -> None:
     """A model path preflight could not read, on a config it does not know: it cannot tell MLA, so it says so."""
-    run = changed(shipped, **{f"{A}__actor__megatron__tensor_model_parallel_size": 2, f"{A}__model__path": "/x"})
-    run = dataclasses.replace(run, config_name="custom", model=None)
+    run = unknown_model(shipped, **{f"{A}__actor__megatron__tensor_model_parallel_size": 2})
     assert levels(pitfalls.rule_mla_tensor_parallel, run) == [SKIPPED]
 
 
@@ -263,7 +270,7 @@ def test_mla_tensor_parallel_names_itself_the_cause_and_the_fix(shipped: Run) ->
     assert "Megatron-LM#1699" in warned.message
     assert "Fix: actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1" in warned.message
     assert "scale with EP/PP instead" in warned.message
-    unknown = dataclasses.replace(_tp2(shipped, **{f"{A}__model__path": "/x"}), config_name="custom", model=None)
+    unknown = unknown_model(_tp2(shipped))
     (skipped,) = pitfalls.rule_mla_tensor_parallel(unknown)
     assert skipped.check == "mla_tensor_parallel"
     assert skipped.message == (
@@ -336,9 +343,7 @@ def test_checkpoint_interval_counts_at_most_the_whole_run(shipped: Run) -> None:
 
 def test_checkpoint_interval_of_one_step_needs_no_estimate(shipped: Run) -> None:
     """A checkpoint every step is never too rare, even when preflight cannot estimate a step (no model)."""
-    unknown = dataclasses.replace(
-        changed(shipped, trainer__save_freq=1, **{f"{A}__model__path": "/x"}), model=None, config_name="custom"
-    )
+    unknown = unknown_model(shipped, trainer__save_freq=1)
     assert levels(pitfalls.rule_checkpoint_interval, unknown) == []
     assert levels(pitfalls.rule_checkpoint_interval, changed(unknown, trainer__save_freq=2)) == [SKIPPED]
 
@@ -492,9 +497,7 @@ def test_the_reference_pass_cost_is_scaled_to_the_run_when_its_model_is_known(sh
     (scaled,) = pitfalls.rule_kl_zero_coef(doubled)
     seconds = pitfalls.REFERENCE_REF_PASS_S * pitfalls.step_scale(doubled)
     assert f"(~{seconds:.0f} s per step, preflight's estimate scaled from the reference 671B step)" in scaled.message
-    unknown = dataclasses.replace(
-        changed(shipped, **zero, **{f"{A}__model__path": "/x"}), config_name="custom", model=None
-    )
+    unknown = unknown_model(shipped, **zero)
     (reference,) = pitfalls.rule_kl_zero_coef(unknown)
     expected = f"{pitfalls.REFERENCE_REF_PASS_S:.0f} s of the reference 671B step's {pitfalls.REFERENCE_STEP_S:.0f} s"
     assert expected in reference.message
