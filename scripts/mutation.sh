@@ -27,6 +27,7 @@ work="${repo_root}/.mutation"
 modules="
 rules/checkpoints|patches/rules/checkpoints.py|tests/patches/test_verl_checkpoint_integrity.py tests/patches/test_checkpoint_rules.py|
 rules/dp_layout|patches/rules/dp_layout.py|tests/patches/test_rules.py tests/patches/test_vllm_dp_ep_groups.py tests/patches/test_dp_layout_rules.py|
+rules/expert_load|patches/rules/expert_load.py|tests/patches/test_verl_moe_expert_load.py tests/patches/test_expert_load_rules.py|
 rules/group_routing|patches/rules/group_routing.py|tests/launch/test_group_routing.py tests/patches/test_verl_dpskv3_group_routing.py tests/patches/test_group_routing_rules.py|
 rules/rollout_config|patches/rules/rollout_config.py|tests/patches/test_vllm_rollout_offload.py tests/patches/test_vllm_ascend_torchair_live_params.py tests/patches/test_rollout_config_rules.py|
 rules/rollout_guard|patches/rules/rollout_guard.py|tests/patches/test_verl_rollout_guard.py tests/patches/test_rollout_guard_rules.py|

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 
 from r1_ascend.launch.smoke_model import sample_path, smoke_model_config
 from r1_ascend.ports import unused_local_port
 from r1_ascend.rehearse.cluster import delete_netns, make_netns
+from r1_ascend.rehearse.leftovers import run_processes
 
 
 def write_model(path: Path, config: dict) -> Path:
@@ -104,3 +109,72 @@ def netns() -> Iterator[list[str]]:
     finally:
         if name is not None:
             delete_netns(name)
+
+
+def rehearse_cli(*args: str) -> subprocess.CompletedProcess:
+    """``r1-ascend rehearse ARGS`` as a user runs it, its output captured."""
+    cmd = [sys.executable, "-m", "r1_ascend.cli", "rehearse", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=1200, check=False)
+
+
+def other_workers_processes() -> set[int]:
+    """Every live process under the other pytest-xdist workers of this test run (the other machine lane's rehearsals,
+    Ray clusters and stand-in workers, while its tests hold them). None of them can be a process of a run this worker
+    started: those stay under this worker, or are orphaned to init. Empty outside pytest-xdist."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return set()
+    me = psutil.Process()
+    found: set[int] = set()
+    try:
+        siblings = [p for p in me.parent().children() if p.pid != me.pid]
+    except (psutil.Error, AttributeError):
+        return found
+    for sibling in siblings:
+        try:
+            found |= {sibling.pid, *(child.pid for child in sibling.children(recursive=True))}
+        except psutil.Error:
+            continue
+    return found
+
+
+def assert_nothing_left(summary: dict, began: float) -> None:
+    """Nothing of the rehearsal runs anywhere on the machine: no process whose command line, environment or open
+    files name its Ray temp dir (a worker orphaned to PID 1 with what it forked included), and no Ray worker started
+    since ``began`` that no other Ray session claims. A Ray worker the other machine lane's tests still hold is not
+    counted as unclaimed: a worker of theirs that has not yet opened its session logs would look so for a moment."""
+    left = run_processes(summary["ray_temp_dir"], began)
+    if left:
+        others = other_workers_processes()
+        left = [process for process in left if process.pid not in others]
+    assert left == [], "processes of the rehearsal left:\n" + "\n".join(p.describe() for p in left)
+    if summary["netns"]:
+        names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
+        assert summary["netns"] not in names
+
+
+@pytest.fixture
+def rehearse() -> Callable[..., subprocess.CompletedProcess]:
+    """``rehearse(*args)``: ``r1-ascend rehearse ARGS``, its output captured."""
+    return rehearse_cli
+
+
+@pytest.fixture
+def nothing_left() -> Callable[[dict, float], None]:
+    """``nothing_left(summary, began)``: fails if anything of that rehearsal still runs on the machine."""
+    return assert_nothing_left
+
+
+@pytest.fixture
+def fault_run(weights: Path) -> Callable[[Path, str], dict]:
+    """``fault_run(out, name)``: ``rehearse --fault NAME`` on the session's converted weights; it must pass (its own
+    verdicts) and leave nothing behind. Returns its summary."""
+
+    def run(out: Path, name: str) -> dict:
+        began = time.time()
+        done = rehearse_cli("--fault", name, "--output-dir", str(out), "--weights", str(weights))
+        assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
+        summary = json.loads((out / f"summary-{name}.json").read_text())
+        assert_nothing_left(summary, began)
+        return summary
+
+    return run

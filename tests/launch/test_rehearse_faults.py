@@ -1,5 +1,6 @@
-"""``r1-ascend rehearse --fault NAME`` and ``--resume``: each checkpoint and process fault planted in the real run
-(2 or 3 steps), and a worker killed from outside a plain rehearsal at a random moment.
+"""``r1-ascend rehearse --fault NAME`` and ``--resume``: the process faults and ``corrupt-latest`` planted in the real
+run (2 or 3 steps), a worker killed from outside a plain rehearsal at a random moment, and the fast checks of every
+fault's plan and verdicts. The two faults during a save run in ``test_rehearse_save_faults.py`` (the second lane).
 
 Every test checks the fault's own verdicts (the rehearsal fails otherwise), the measured time to stop against its
 bound, and that nothing the run started is left. With ``R1_ASCEND_DISABLE=verl_checkpoint_integrity`` each
@@ -33,7 +34,6 @@ from r1_ascend.rehearse.faults import (
     plan_for,
     worker_pids,
 )
-from r1_ascend.rehearse.leftovers import run_processes
 from r1_ascend.rehearse.lifecycle import read_lifecycle
 from r1_ascend.rehearse.process_faults import with_descendants
 from r1_ascend.rehearse.progress import RehearsalError
@@ -98,31 +98,6 @@ def test_resume_expects_the_step_the_override_names_else_the_tracked_one(tmp_pat
 # --- slow: each fault in the real run -------------------------------------------------------------------------------
 
 
-def _rehearse(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "r1_ascend.cli", "rehearse", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=1200, check=False)
-
-
-def _nothing_left(summary: dict, began: float) -> None:
-    """Nothing of the rehearsal runs anywhere on the machine: no process whose command line, environment or open
-    files name its Ray temp dir (a worker orphaned to PID 1 with what it forked included), and no Ray worker started
-    since ``began`` that no other Ray session claims."""
-    left = run_processes(summary["ray_temp_dir"], began)
-    assert left == [], "processes of the rehearsal left:\n" + "\n".join(p.describe() for p in left)
-    if summary["netns"]:
-        names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
-        assert summary["netns"] not in names
-
-
-def _fault(out: Path, name: str, weights: Path) -> dict:
-    began = time.time()
-    done = _rehearse("--fault", name, "--output-dir", str(out), "--weights", str(weights))
-    assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
-    summary = json.loads((out / f"summary-{name}.json").read_text())
-    _nothing_left(summary, began)
-    return summary
-
-
 @pytest.mark.parametrize("depth", [1, 60, 200])
 def test_the_refusal_keeps_the_whole_error_however_long_its_paths(tmp_path: Path, depth: int) -> None:
     """The printed fix ends with the resume path; a summary that cut the error cut the path the user copies."""
@@ -144,34 +119,11 @@ def test_the_refusal_keeps_the_whole_error_however_long_its_paths(tmp_path: Path
 
 
 @pytest.mark.slow
-def test_kill_during_save_resumes_from_the_last_complete_checkpoint(tmp_path: Path, weights: Path) -> None:
-    summary = _fault(tmp_path / "out", "kill-during-save", weights)
-    fault = summary["fault"]
-    assert fault["previous_checkpoint_at_kill"] == "complete"
-    assert fault["killed_while"].startswith("global_step_2")
-    assert fault["time_to_stop_s"] < STOP_BOUND_S
-    assert summary["resumed_from_step"] == 1
-    assert summary["steps_run"]["run 2 (resumed)"] == [2]
-    assert summary["checkpoints_kept"].startswith("global_step_2 kept")
-
-
-@pytest.mark.slow
-def test_disk_full_stops_with_the_intact_checkpoint_named_and_resumes_from_it(tmp_path: Path, weights: Path) -> None:
-    summary = _fault(tmp_path / "out", "disk-full", weights)
-    fault = summary["fault"]
-    assert fault["error"].startswith("CheckpointSaveError: saving checkpoint global_step_2")
-    assert "the last complete checkpoint is global_step_1" in fault["error"]
-    assert fault["time_to_stop_s"] < STOP_BOUND_S
-    assert summary["resumed_from_step"] == 1
-    assert summary["steps_run"]["run 2 (resumed)"] == [2]
-
-
-@pytest.mark.slow
 def test_corrupt_latest_is_refused_and_resume_from_the_printed_checkpoint_finishes(
-    tmp_path: Path, weights: Path
+    tmp_path: Path, fault_run, rehearse, nothing_left
 ) -> None:
     out = tmp_path / "out"
-    summary = _fault(out, "corrupt-latest", weights)
+    summary = fault_run(out, "corrupt-latest")
     fault = summary["fault"]
     assert fault["time_to_stop_s"] < RELAUNCH_BOUND_S
     assert "names step 2" in fault["error"]
@@ -181,12 +133,12 @@ def test_corrupt_latest_is_refused_and_resume_from_the_printed_checkpoint_finish
     broken = out / "checkpoints" / "global_step_2"
     shutil.move(broken, broken.with_name("global_step_2.broken"))  # the fix's first half: move it aside
     began = time.time()
-    done = _rehearse("--resume", "--output-dir", str(out), fix.group(0).split()[0], fix.group(0).split()[1])
+    done = rehearse("--resume", "--output-dir", str(out), fix.group(0).split()[0], fix.group(0).split()[1])
     assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
     resumed = json.loads((out / "summary-resume.json").read_text())
     assert resumed["resumed_from_step"] == 1
     assert resumed["steps_run"] == {"run 3 (resumed)": [2, 3]}
-    _nothing_left(resumed, began)
+    nothing_left(resumed, began)
 
 
 @pytest.mark.slow
@@ -200,9 +152,9 @@ def test_corrupt_latest_is_refused_and_resume_from_the_printed_checkpoint_finish
     ],
 )
 def test_a_lost_or_stuck_worker_stops_the_run_clearly_and_it_resumes(
-    tmp_path: Path, weights: Path, name: str, stage: str, names: str
+    tmp_path: Path, fault_run, name: str, stage: str, names: str
 ) -> None:
-    summary = _fault(tmp_path / "out", name, weights)
+    summary = fault_run(tmp_path / "out", name)
     fault = summary["fault"]
     assert fault["time_to_stop_s"] < STOP_BOUND_S
     assert fault["error"].startswith(f"WorkerLostError: the run stopped in training step 2, stage {stage}")
@@ -217,24 +169,24 @@ def test_a_lost_or_stuck_worker_stops_the_run_clearly_and_it_resumes(
 
 
 @pytest.mark.slow
-def test_without_the_watchdog_a_hang_is_not_stopped(tmp_path: Path, weights: Path) -> None:
+def test_without_the_watchdog_a_hang_is_not_stopped(tmp_path: Path, weights: Path, rehearse, nothing_left) -> None:
     """The hang is stopped by the watchdog alone: switched off, nothing notices a stopped worker (the rehearsal then
     ends the process it stopped)."""
     out = tmp_path / "out"
     began = time.time()
-    done = _rehearse(
+    done = rehearse(
         "--fault", "hang", "--output-dir", str(out), "--weights", str(weights), "r1_ascend.watchdog.enabled=false"
     )
     assert done.returncode == 1, (done.stdout + done.stderr)[-3000:]
     assert f"still runs {STOP_BOUND_S:g} s after the fault" in done.stderr
     left = [p for p in worker_pids(out) if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert left == [], f"the rehearsal left processes of the hung run: {left}"
-    _nothing_left({"ray_temp_dir": _temp_dir(done.stdout), "netns": None}, began)
+    nothing_left({"ray_temp_dir": _temp_dir(done.stdout), "netns": None}, began)
 
 
 @pytest.mark.slow
 def test_a_worker_killed_from_outside_stops_the_rehearsal_clearly_and_resume_finishes(
-    tmp_path: Path, weights: Path
+    tmp_path: Path, weights: Path, rehearse, nothing_left
 ) -> None:
     """SIGKILL a random rollout worker at a random moment of a plain rehearsal (the rehearsal does not choose it)."""
     out = tmp_path / "out"
@@ -271,14 +223,14 @@ def test_a_worker_killed_from_outside_stops_the_rehearsal_clearly_and_resume_fin
     assert took < STOP_BOUND_S + 120, f"the rehearsal took {took:.0f} s to stop (stopping the nodes included)"
     left = [pid for pid in tree if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     assert left == [], f"processes of the killed run left: {left}"
-    _nothing_left({"ray_temp_dir": _temp_dir(stdout), "netns": None}, began)
+    nothing_left({"ray_temp_dir": _temp_dir(stdout), "netns": None}, began)
     began = time.time()
-    done = _rehearse("--resume", "--output-dir", str(out))
+    done = rehearse("--resume", "--output-dir", str(out))
     assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
     resumed = json.loads((out / "summary-resume.json").read_text())
     expected = tracked if isinstance(tracked, int) else 0
     assert resumed["resumed_from_step"] == expected, (entered, stage, step, delay, tracked)
-    _nothing_left(resumed, began)
+    nothing_left(resumed, began)
 
 
 def _temp_dir(stdout: str) -> str:
