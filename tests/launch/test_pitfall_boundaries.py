@@ -501,3 +501,127 @@ def test_the_reference_pass_cost_is_scaled_to_the_run_when_its_model_is_known(sh
     (reference,) = pitfalls.rule_kl_zero_coef(unknown)
     expected = f"{pitfalls.REFERENCE_REF_PASS_S:.0f} s of the reference 671B step's {pitfalls.REFERENCE_STEP_S:.0f} s"
     assert expected in reference.message
+
+
+# --- the checkpoint interval's estimate, off a step scale of exactly 1 -------------------------------------------
+
+
+def doubled_batch(run: Run, **settings: Any) -> Run:
+    """``run`` at twice its prompts per step: twice the work per die, so a step of the estimate is twice as long (the
+    shipped run's step scale is exactly 1, which hides a scale multiplied where it should divide)."""
+    return changed(run, data__train_batch_size=2 * int(run.config.data.train_batch_size), **settings)
+
+
+def step_hours(run: Run) -> float:
+    return pitfalls.REFERENCE_STEP_S * pitfalls.step_scale(run) / 3600
+
+
+def test_checkpoint_interval_estimate_follows_the_runs_step_scale(shipped: Run) -> None:
+    run = doubled_batch(shipped)
+    assert pitfalls.step_scale(run) == pytest.approx(2.0)
+    per_step = step_hours(run)
+    largest = int(pitfalls.MAX_HOURS_WITHOUT_CHECKPOINT / per_step)
+    assert levels(pitfalls.rule_checkpoint_interval, changed(run, trainer__save_freq=largest)) == []
+    interval = largest + 1
+    (finding,) = pitfalls.rule_checkpoint_interval(changed(run, trainer__save_freq=interval))
+    assert (finding.check, finding.level) == ("checkpoint_interval", WARNING)
+    total = run.config.trainer.total_training_steps
+    assert finding.message == (
+        f"trainer.save_freq={interval} with trainer.total_training_steps={total}: {interval} steps between "
+        f"checkpoints, ~{per_step * interval:.0f} h of the cluster by preflight's estimate (~{per_step:.2f} h per "
+        f"step, scaled from the reference 671B step); a failure loses all of it. Fix: trainer.save_freq={largest}"
+    )
+
+
+def test_checkpoint_interval_warns_above_the_limit_not_at_it(shipped: Run, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = doubled_batch(shipped, trainer__save_freq=3)
+    at_three = pitfalls.REFERENCE_STEP_S * pitfalls.step_scale(run) * 3 / 3600  # the rule's own arithmetic
+    monkeypatch.setattr(pitfalls, "MAX_HOURS_WITHOUT_CHECKPOINT", at_three)
+    assert levels(pitfalls.rule_checkpoint_interval, run) == []
+    assert levels(pitfalls.rule_checkpoint_interval, changed(run, trainer__save_freq=4)) == [WARNING]
+
+
+def test_checkpoint_interval_when_one_step_outlasts_the_limit_asks_for_every_step(shipped: Run) -> None:
+    run = changed(shipped, data__train_batch_size=1000 * int(shipped.config.data.train_batch_size))
+    assert step_hours(run) > pitfalls.MAX_HOURS_WITHOUT_CHECKPOINT
+    (finding,) = pitfalls.rule_checkpoint_interval(changed(run, trainer__save_freq=2))
+    assert finding.message.endswith("Fix: trainer.save_freq=1")
+
+
+def test_checkpoint_interval_without_a_run_length_is_save_freq(shipped: Run) -> None:
+    largest = int(pitfalls.MAX_HOURS_WITHOUT_CHECKPOINT / step_hours(shipped))
+    endless = {"trainer__total_training_steps": None}
+    assert levels(pitfalls.rule_checkpoint_interval, changed(shipped, trainer__save_freq=largest, **endless)) == []
+    (finding,) = pitfalls.rule_checkpoint_interval(changed(shipped, trainer__save_freq=largest + 1, **endless))
+    assert f"with trainer.total_training_steps=None: {largest + 1} steps between checkpoints, ~" in finding.message
+
+
+def test_checkpoint_interval_saving_only_at_the_last_step_says_so(shipped: Run) -> None:
+    largest = int(pitfalls.MAX_HOURS_WITHOUT_CHECKPOINT / step_hours(shipped))
+    steps = largest + 1
+    run = changed(shipped, trainer__save_freq=steps, trainer__total_training_steps=steps)
+    (finding,) = pitfalls.rule_checkpoint_interval(run)
+    assert f"{steps} steps between checkpoints (the only checkpoint is the last step's), ~" in finding.message
+
+
+def test_checkpoint_interval_skip_and_no_save_name_the_check_and_the_fix(shipped: Run) -> None:
+    (skipped,) = pitfalls.rule_checkpoint_interval(unknown_model(shipped, trainer__save_freq=7))
+    assert (skipped.check, skipped.level) == ("checkpoint_interval", SKIPPED)
+    assert skipped.message == "skipped: 7 steps between checkpoints; their duration needs the model's config.json"
+    (never,) = pitfalls.rule_checkpoint_interval(changed(shipped, trainer__save_freq=0))
+    assert never.message == (
+        "trainer.save_freq=0: no checkpoint is ever written; a failure loses the whole run and nothing can be "
+        "evaluated afterwards. Fix: trainer.save_freq=20"
+    )
+
+
+# --- the update's warm-up, at its smallest values ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("steps", "ratio", "total", "expected"),
+    [
+        (None, 1.0, 100, True),  # unset: the ratio decides
+        (None, 0.0, 1, False),  # unset and no ratio: no warm-up, even in a one-step run
+        (1, 1.0, 100, False),  # one warm-up step is the warm-up; the ratio is not read
+        (1, 0.0, 1, True),  # a one-step run that warms up for its one step
+    ],
+)
+def test_no_update_warm_up_at_its_smallest(
+    shipped: Run, steps: int | None, ratio: float, total: int, expected: bool
+) -> None:
+    optim = {f"{A}__actor__optim__lr_warmup_steps": steps, f"{A}__actor__optim__lr_warmup_steps_ratio": ratio}
+    run = changed(shipped, trainer__total_training_steps=total, **optim)
+    assert any("LR warm-up of" in m for m in no_update_messages(run)) is expected
+
+
+def test_no_update_names_every_cause_then_what_it_costs(shipped: Run) -> None:
+    run = changed(shipped, **{f"{A}__actor__optim__lr": 0.0, f"{A}__actor__ppo_epochs": 0})
+    (finding,) = pitfalls.rule_no_update(run)
+    assert finding.message == (
+        "actor_rollout_ref.actor.optim.lr=0.0 (the weights never change); actor_rollout_ref.actor.ppo_epochs=0 (no "
+        "update is run): the rollout, reward and reference passes run every step for a policy that does not learn "
+        "(or learns at a fraction of the rate). Fix: the recipe's optim.lr=1e-6, ppo_epochs=1, no warm-up"
+    )
+
+
+# --- what the sampling and critic warnings tell ------------------------------------------------------------------
+
+
+def test_truncated_sampling_says_why_and_where_to_truncate_instead(shipped: Run) -> None:
+    (finding,) = pitfalls.rule_truncated_sampling(changed(shipped, **{f"{A}__rollout__top_k": 40}))
+    assert finding.message == (
+        "actor_rollout_ref.rollout.top_k=40: the rollout samples from a truncated distribution but the actor's loss "
+        "and old log-probs use the full softmax at the rollout temperature, so the samples are off-policy in a way "
+        "the PPO ratio does not correct (and the rollout guard compares different distributions). Fix: "
+        "actor_rollout_ref.rollout.top_p=1 actor_rollout_ref.rollout.top_k=-1 (truncate only in val_kwargs)"
+    )
+
+
+def test_critic_unused_names_the_setting_the_estimator_and_the_fix(shipped: Run) -> None:
+    (finding,) = pitfalls.rule_critic_unused(changed(shipped, critic__enable=True))
+    assert finding.message == (
+        "critic.enable=True with algorithm.adv_estimator=grpo: verl builds, runs and trains a critic every step, but "
+        "only GAE reads its values; the critic's forward, update and memory are spent on nothing. Fix: "
+        "critic.enable=null"
+    )

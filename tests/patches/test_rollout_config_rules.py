@@ -207,3 +207,51 @@ def test_torchair_with_live_parameters_is_fine_with_offloading() -> None:
         eager=False, torchair={"enabled": True, "use_cached_graph": False, "enable_frozen_parameter": False}
     )
     assert problems(config) == []
+
+
+# --- what each refusal tells the user, word for word ---------------------------------------------------------------
+
+KWARGS = "actor_rollout_ref.rollout.engine_kwargs.vllm"
+REALLOCATES = "the offloading rollout frees and re-allocates every parameter's storage each step"
+
+
+def test_the_kv_cache_refusal_says_why_and_the_setting() -> None:
+    with pytest.raises(RolloutConfigError) as refused:
+        check_free_cache_engine(rollout(free_cache_engine=False))
+    assert str(refused.value) == (
+        "actor_rollout_ref.rollout.free_cache_engine=False is not supported by the offloading rollout: the rollout "
+        "weights and KV cache would stay on the NPU during training, which cannot fit for DeepSeek-V3 (certain OOM). "
+        "Set actor_rollout_ref.rollout.free_cache_engine=True."
+    )
+
+
+def test_a_deepseek_model_without_graph_mode_is_told_only_to_enable_torchair() -> None:
+    """With the offloading rollout too: a DeepSeek model never falls to ACL graph mode, so only TorchAir is asked."""
+    (found,) = problems(engine(eager=False))
+    assert found.startswith("model_type 'deepseek_v3' without TorchAir graph mode")
+
+
+def test_graph_mode_in_eager_mode_names_the_setting_to_change() -> None:
+    (found,) = problems(engine(torchair={"enabled": True}), offload=False)
+    assert found == (
+        f"{KWARGS}.additional_config.torchair_graph_config.enabled=true with enforce_eager=True: vllm-ascend 0.9.1 "
+        "refuses graph mode in eager mode; set actor_rollout_ref.rollout.enforce_eager=False"
+    )
+
+
+def test_several_dp_ranks_are_told_what_each_missing_setting_does() -> None:
+    found = problems(engine(), dp_size=2)
+    assert found == [
+        f"rollout DP size 2 with a MoE model but {KWARGS}.enable_expert_parallel is not true: every DP rank would "
+        "hold all experts; set it to true (EP = all rollout ranks)",
+        f"rollout DP size 2 but {KWARGS}.additional_config.refresh is not true: the DP/EP groups are built before "
+        "LLM(), which leaves vllm-ascend's AscendConfig at its defaults unless refreshed; set refresh: true",
+    ]
+
+
+def test_a_cached_graph_is_refused_with_the_key_and_the_reason() -> None:
+    (found,) = problems(engine(eager=False, torchair={"enabled": True, "use_cached_graph": True}))
+    assert found == (
+        f"{KWARGS}.additional_config.torchair_graph_config.use_cached_graph=true serialises graphs with frozen "
+        f"parameter addresses, but {REALLOCATES}; set it to false"
+    )
