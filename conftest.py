@@ -7,6 +7,7 @@ level, so the ``torch_npu`` stub must be in place before any test module (or plu
 from __future__ import annotations
 
 import os
+import signal
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -47,6 +48,20 @@ def _leave_upstream_untouched() -> Iterator[None]:
 
     restore_all()
     forget_applied()
+
+
+@pytest.fixture(autouse=True)
+def _child_exit_statuses_stay_readable() -> Iterator[None]:
+    """A test must not leave its worker ignoring SIGCHLD: the kernel then reaps every child at once, and each later
+    test's ``subprocess`` reads an exit status of 0 for a child that failed or was killed. A Ray driver started with
+    Ray's subreaper mode (``RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper``) sets it and keeps it
+    after ``ray.shutdown()``. The default is put back, and the test that left it fails."""
+    yield
+    from r1_ascend.testing.child_signals import sigchld_ignored
+
+    if sigchld_ignored():
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        pytest.fail("the test left this process ignoring SIGCHLD (later child exit statuses would read 0)")
 
 
 @pytest.fixture(scope="session")

@@ -88,10 +88,12 @@ def test_the_live_nodes_daemons_are_told_apart_from_their_workers(
     tree = textwrap.dedent(
         f"""
         import subprocess, sys, time
-        worker = subprocess.Popen(["ray::WorkerDict", "-c", {helper!r}], executable=sys.executable)
+        # their own output goes nowhere: the first line on this one's is the pids
+        quiet = {{"stdout": subprocess.DEVNULL, "executable": sys.executable}}
+        worker = subprocess.Popen(["ray::WorkerDict", "-c", {helper!r}], **quiet)
         # the raylet's command line names the worker script as an option: it is no worker
         worker_command = "--python_worker_command=python /ray/_private/workers/default_worker.py"
-        daemon = subprocess.Popen(["raylet", "-c", {SLEEPER!r}, worker_command], executable=sys.executable)
+        daemon = subprocess.Popen(["raylet", "-c", {SLEEPER!r}, worker_command], **quiet)
         print(worker.pid, daemon.pid, flush=True)
         time.sleep(600)
         """

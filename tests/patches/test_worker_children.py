@@ -151,3 +151,5 @@ def test_a_worker_killed_with_its_raylet_leaves_nothing_it_forked(monkeypatch: p
         ray.shutdown()
         cluster.shutdown()
         _kill_alive(children)
+        # the driver's core worker, started in subreaper mode, set SIGCHLD to SIG_IGN in this process and keeps it
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
