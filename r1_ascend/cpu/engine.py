@@ -427,8 +427,6 @@ def build_vllm_model(model_dir: Path, dtype: torch.dtype, engine_kwargs: Mapping
     """vLLM's DeepSeek-V3 class for this rollout rank, over vLLM's groups built on the workers' torch.distributed
     world (TP as verl asks, EP over the TP x DP ranks when ``enable_expert_parallel``), as vLLM's worker builds
     them under verl's ``external_launcher``."""
-    from vllm.distributed import parallel_state
-
     from r1_ascend.cpu import vllm_deepseek
 
     config = vllm_deepseek.vllm_config(
@@ -437,9 +435,8 @@ def build_vllm_model(model_dir: Path, dtype: torch.dtype, engine_kwargs: Mapping
         tensor_parallel_size=int(engine_kwargs.get("tensor_parallel_size", 1)),
         expert_parallel=bool(engine_kwargs.get("enable_expert_parallel", False)),
     )
-    if not parallel_state.model_parallel_is_initialized():
-        world = torch.distributed.get_world_size()
-        vllm_deepseek.init_groups(config, world, torch.distributed.get_rank(), "env://")
+    # with rollout DP > 1 the overlay's vllm_dp_ep_groups has built vLLM's groups; vllm-ascend's are still to add
+    vllm_deepseek.init_groups(config, torch.distributed.get_world_size(), torch.distributed.get_rank(), "env://")
     return vllm_deepseek.build(config)
 
 

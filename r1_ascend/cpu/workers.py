@@ -30,6 +30,12 @@ STAND_INS: tuple[tuple[str, str, str], ...] = (
         "the listed calls need CUDA; the model, optimizer, schedule, checkpoint and export around them are upstream",
     ),
     (
+        "collective backend of vLLM's groups",
+        "verl.utils.device.get_nccl_backend -> 'cpu:gloo,npu:gloo', torch's PrivateUse1 backend named 'npu'",
+        "the overlay's vllm_dp_ep_groups (rollout DP > 1) builds vLLM's groups with verl's backend, HCCL on the "
+        "cluster; vLLM's config then parses the platform's device 'npu', which torch_npu registers",
+    ),
+    (
         "vLLM engine",
         "verl.workers.rollout.vllm_rollout.vllm_rollout_spmd.LLM -> CPUStandInLLM (transformers' DeepSeek-V3)",
         "the pinned vLLM wheel has no CPU backend; engine core, KV-cache init, MLA impls and the sampling (InputBatch, "
@@ -81,14 +87,17 @@ def topk_reduce_ratio_min_max(timing: float, k: int = 10) -> tuple[float, float,
 def install() -> None:
     """Install every stand-in of :data:`STAND_INS` in this process (idempotent; megatron-core's part refuses on
     drift)."""
+    import verl.utils.device as verl_device
     import verl.workers.megatron_workers as megatron_workers
     import verl.workers.rollout.vllm_rollout.vllm_rollout_spmd as vllm_rollout_spmd
 
-    from r1_ascend.cpu import mcore
+    from r1_ascend.cpu import mcore, vllm_deepseek
     from r1_ascend.cpu.engine import CPUStandInLLM
 
     install_device_api()
     mcore.install()
     megatron_workers.get_nccl_backend = lambda: "gloo"
+    vllm_deepseek.name_npu_backend()
+    verl_device.get_nccl_backend = lambda: vllm_deepseek.GROUP_BACKEND
     megatron_workers.topk_reduce_ratio_min_max = topk_reduce_ratio_min_max
     vllm_rollout_spmd.LLM = CPUStandInLLM

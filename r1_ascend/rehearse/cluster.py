@@ -111,7 +111,9 @@ def node_envs(out: Path, plan: Plan, launch: Path) -> tuple[list[dict[str, str]]
         "NPUS_PER_NODE": str(plan.npus_per_node),
         "MASTER_ADDR": node_ip(0),
         "RAY_PORT": str(port),
-        "RAY_NUM_CPUS": "2",
+        # Ray's logical CPUs: verl's worker bundles ask one each, and the head also hosts the TaskRunner (one); with
+        # fewer, a node of two or more fake NPUs never places its workers and the run waits for good
+        "RAY_NUM_CPUS": str(plan.npus_per_node + 1),
         "RAY_TEMP_DIR": temp_dir,
         "RAY_WAIT_TIMEOUT": "180",
         "RAY_JOIN_TIMEOUT": "180",

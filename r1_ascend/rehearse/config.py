@@ -73,6 +73,11 @@ class Plan:
     samples_per_prompt: int = 8
     response_length: int = 8
     actor_ep: int = 2
+    #: the actor's pipeline stages (megatron-core PP; the world divided by it is the actor's data parallelism)
+    actor_pp: int = 1
+    #: the rollout's data-parallel engines (vLLM DP: TP = world / DP, EP over every rollout rank); above 1 the
+    #: overlay's vllm_dp_ep_groups builds vLLM's DP and EP groups across the engines
+    rollout_dp: int = 1
     lr: float = 3e-3
     #: megatron-core's moe_router_bias_update_rate (verl's DeepSeek-V3 converter: 0.001; see overrides())
     bias_update_rate: float = 0.05
@@ -103,8 +108,8 @@ class Plan:
 
     @property
     def sequences_per_rank(self) -> int:
-        """The sequences of one step each actor data-parallel rank trains on (the world is all data-parallel)."""
-        return max(1, self.prompts_per_step * self.samples_per_prompt // self.world)
+        """The sequences of one step each actor data-parallel rank trains on (the world / the pipeline stages)."""
+        return max(1, self.prompts_per_step * self.samples_per_prompt // (self.world // self.actor_pp))
 
 
 #: The batch of a run that plants a checkpoint, process or MoE fault: what it checks (the stop, its message, the
@@ -136,13 +141,14 @@ def overrides(plan: Plan, inputs: Inputs, out: Path, repo_root: Path) -> list[st
         # cluster: NODES x NPUS_PER_NODE fake NPUs instead of one 16-die node
         f"trainer.nnodes={plan.nodes}",
         f"trainer.n_gpus_per_node={plan.npus_per_node}",
-        # layouts that fit the small world: actor EP = world (the alltoall dispatcher over gloo), PP 1; rollout TP =
-        # world (one vLLM DP group, so the DP/EP groups patch exports VLLM_DP_SIZE=1 and builds no HCCL groups)
-        "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=1",
+        # layouts that fit the small world: actor EP 2 (the alltoall dispatcher over gloo), PP 1 unless asked (the
+        # layers split evenly over the stages); rollout TP = world / rollout DP (DP 1: one vLLM instance, the DP/EP
+        # groups patch exports VLLM_DP_SIZE=1; DP > 1: it builds vLLM's DP and EP groups over gloo)
+        f"actor_rollout_ref.actor.megatron.pipeline_model_parallel_size={plan.actor_pp}",
         f"actor_rollout_ref.actor.megatron.expert_model_parallel_size={plan.actor_ep}",
         "~actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_first_pipeline_stage",
         "~actor_rollout_ref.actor.megatron.override_transformer_config.pipeline_num_transformer_layers",
-        f"actor_rollout_ref.rollout.tensor_model_parallel_size={world}",
+        f"actor_rollout_ref.rollout.tensor_model_parallel_size={world // plan.rollout_dp}",
         # megatron-core on the CPU: build on the host, no CUDA fusions (r1_ascend.cpu.mcore); activation
         # recompute restores CUDA RNG states, so it is off
         # (verl's reference config takes the actor's override_transformer_config)

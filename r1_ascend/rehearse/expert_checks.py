@@ -159,17 +159,24 @@ def check_engine_follows(events: Sequence[Mapping[str, Any]], tolerance: float =
     """After every sync that follows an actor update in the same worker, the engine's bias equals the actor's after
     that update; returns, per update (its training step) the syncs after it were checked against, the largest
     |engine - actor| and how far the actor's bias had moved since the worker's first update (what a stale engine
-    would be off by)."""
+    would be off by).
+
+    With pipeline stages each worker's actor holds its stage's MoE layers while its engine holds them all: each
+    worker is checked on its own layers, and every layer of the engine must be some worker's."""
     biases = actor_biases(events)
     drift: dict[int, dict[str, float]] = {}
+    covered: set[int] = set()
+    engine_layers: set[int] = set()
     for event in sorted((e for e in events if e.get("event") == "engine_bias"), key=lambda e: e["t"]):
         updates = [u for u in biases.get(int(event["pid"]), []) if u[0] < float(event["t"])]
         if not updates:
             continue  # the run's first sync: the actor has not updated yet in this worker
         _, step, exact = updates[-1]
         actor = held_as(exact, event.get("held_in"))
-        engine = _layers(event["bias"])
-        gap = _largest_difference(actor, engine)
+        whole = _layers(event["bias"])
+        engine_layers.update(whole)
+        covered.update(actor)
+        gap = _largest_difference(actor, {layer: whole[layer] for layer in actor if layer in whole})
         moved = _largest_difference(biases[int(event["pid"])][0][2], actor)
         after = int(step) if step is not None else -1
         if gap > tolerance:
@@ -184,6 +191,11 @@ def check_engine_follows(events: Sequence[Mapping[str, Any]], tolerance: float =
         entry["actor_moved_since_first_update"] = max(entry["actor_moved_since_first_update"], moved)
     if not drift:
         raise ExpertLoadError("no weight sync after an actor update was recorded: the engine's bias was never checked")
+    if covered != engine_layers:
+        raise ExpertLoadError(
+            f"the engine's MoE layers {sorted(engine_layers)} and the actor's {sorted(covered)} (every pipeline "
+            "stage's) differ: a layer's bias was checked on one side only"
+        )
     return [{"after_update_of_step": step, **values} for step, values in sorted(drift.items())]
 
 

@@ -227,10 +227,43 @@ def check_loading(events: list[dict[str, Any]], killed_pids: set[int]) -> str:
     return f"{sum(syncs.values())} weight syncs through {VLLM_LOADER}.load_weights"
 
 
+def check_vllm_groups(events: list[dict[str, Any]]) -> str:
+    """Every worker that generated recorded vLLM's TP, DP and EP groups once its engine was built, and they are the
+    ranks the overlay's layout rule plans for its world and TP size (``r1_ascend.patches.rules.dp_layout``): with
+    rollout DP > 1 the overlay's ``vllm_dp_ep_groups`` built them, at DP 1 vLLM's own start-up did."""
+    from r1_ascend.patches.rules.dp_layout import plan_dp_ep_layout
+
+    groups = {int(e["pid"]): e for e in events if e["event"] == "vllm_groups"}
+    missing = sorted({int(e["pid"]) for e in events if e["event"] == "generate"} - set(groups))
+    if missing:
+        raise LifecycleError(f"worker pids {missing} generated with no record of vLLM's TP / DP / EP groups")
+    if not groups:
+        raise LifecycleError("no worker recorded vLLM's TP / DP / EP groups")
+    layouts = set()
+    for pid, event in sorted(groups.items()):
+        found = (tuple(event["tp"]), tuple(event["dp"]), tuple(event["ep"]))
+        plan = plan_dp_ep_layout(len(event["ep"]), int(event["rank"]), len(event["tp"]))
+        expected = (plan.tp_group, plan.dp_group, plan.ep_group)
+        if found != expected:
+            raise LifecycleError(
+                f"worker pid {pid} (rank {event['rank']}) built vLLM's groups TP {list(found[0])}, DP "
+                f"{list(found[1])}, EP {list(found[2])}; the layout of {plan.world_size} ranks at TP {plan.tp_size} "
+                f"is TP {list(expected[0])}, DP {list(expected[1])}, EP {list(expected[2])}"
+            )
+        layouts.add((plan.tp_size, plan.dp_size, plan.ep_size))
+    shape = ", ".join(f"TP {tp} x DP {dp}, EP {ep}" for tp, dp, ep in sorted(layouts))
+    return f"{len(groups)} workers built vLLM's groups as the DP/EP layout plans them ({shape})"
+
+
 def rollout_path(events: list[dict[str, Any]], killed_pids: set[int]) -> dict[str, str]:
     """The rollout ran vLLM's own pieces in every worker: its sampler on every generation
-    (:func:`check_sampling`) and its DeepSeek-V3 ``load_weights`` on every sync (:func:`check_loading`)."""
-    return {"sampling": check_sampling(events, killed_pids), "weight_loading": check_loading(events, killed_pids)}
+    (:func:`check_sampling`), its DeepSeek-V3 ``load_weights`` on every sync (:func:`check_loading`), over the TP,
+    DP and EP groups the layout plans (:func:`check_vllm_groups`)."""
+    return {
+        "sampling": check_sampling(events, killed_pids),
+        "weight_loading": check_loading(events, killed_pids),
+        "vllm_groups": check_vllm_groups(events),
+    }
 
 
 def check_rollout_path(records: Path, killed_pids: set[int]) -> dict[str, str]:

@@ -58,6 +58,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=Plan.nodes, help="simulated nodes (>= 2)")
     parser.add_argument("--npus-per-node", type=int, default=Plan.npus_per_node, help="fake NPUs per node")
     parser.add_argument(
+        "--actor-pp",
+        type=int,
+        default=Plan.actor_pp,
+        help="the actor's pipeline stages (megatron-core PP over gloo, verl's export across the stages); e.g. 2 with "
+        "--npus-per-node 2",
+    )
+    parser.add_argument(
+        "--rollout-dp",
+        type=int,
+        default=Plan.rollout_dp,
+        help="the rollout's data-parallel engines (TP = the world / DP, EP over every rank; the overlay's "
+        "vllm_dp_ep_groups builds vLLM's DP and EP groups); e.g. 2 with --npus-per-node 2",
+    )
+    parser.add_argument(
         "--lr",
         type=float,
         default=Plan.lr,
@@ -122,6 +136,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.nodes < 2 or args.npus_per_node < 1:
         parser.error("--nodes must be >= 2 and --npus-per-node >= 1")
+    world = args.nodes * args.npus_per_node
+    if args.actor_pp < 1 or world % args.actor_pp or (world // args.actor_pp) % Plan.actor_ep:
+        parser.error(
+            f"--actor-pp {args.actor_pp}: the world of {world} ranks divided by the pipeline stages must be a multiple "
+            f"of the actor's EP ({Plan.actor_ep}); e.g. --actor-pp 2 with --npus-per-node 2"
+        )
+    if args.rollout_dp < 1 or world % args.rollout_dp:
+        parser.error(f"--rollout-dp {args.rollout_dp} must divide the world of {world} ranks (TP = world / DP)")
     if args.lr < 0:
         parser.error("--lr must be >= 0")
     if args.steps < 2:
@@ -147,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         test_freq=half,
         nodes=args.nodes,
         npus_per_node=args.npus_per_node,
+        actor_pp=args.actor_pp,
+        rollout_dp=args.rollout_dp,
         lr=args.lr,
         min_reward_rise=rise,
         seed=args.seed,

@@ -108,7 +108,9 @@ def rollout_fault_scenario(name: str) -> Scenario:
         name,
         functools.partial(rollout_fault_run.drive, name=name),
         functools.partial(rollout_fault_run.judge, name=name),
-        functools.partial(print_outcome, "rollout_fault", "stopped in the planted step", keys=("wall_s",)),
+        functools.partial(
+            print_outcome, "rollout_fault", "stopped in the planted step", keys=("vllm_groups", "wall_s")
+        ),
         announce=RUN_1 + "; rollout fault {plan.rollout_fault}",
         plan=functools.partial(rollout_fault_run.plan_for, name),
     )

@@ -18,6 +18,8 @@ def print_summary(summary: dict[str, object]) -> None:
         print(f"  vLLM sampler:      {summary['sampling']}")
     if "weight_loading" in summary:
         print(f"  vLLM weight load:  {summary['weight_loading']}")
+    if "vllm_groups" in summary:
+        print(f"  vLLM groups:       {summary['vllm_groups']}")
     print(f"  checkpoint loads:  {summary['checkpoint_loads']}")
     model = summary["model"]
     assert isinstance(model, dict)
@@ -91,6 +93,8 @@ def print_control(summary: dict[str, object]) -> None:
     print(f"  rollout-actor gap: {summary['rollout_actor_gap_max']:.2e} nat (largest step mean |Δ log-prob|)")
     print(f"  vLLM sampler:      {summary['sampling']}")
     print(f"  vLLM weight load:  {summary['weight_loading']}")
+    if "vllm_groups" in summary:
+        print(f"  vLLM groups:       {summary['vllm_groups']}")
     print(f"  wall time:         {summary['wall_s']} s")
 
 

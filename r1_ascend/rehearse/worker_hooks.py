@@ -269,6 +269,20 @@ def parse_dead_expert(spec: str) -> tuple[int, int]:
 # --- install ------------------------------------------------------------------------------------------------------
 
 
+def _record_vllm_groups(_engine: Any) -> None:
+    """An entry of ``r1_ascend.cpu.engine.ENGINE_HOOKS``: vLLM's TP, DP and EP groups this rank's engine was built
+    over (global ranks), for :func:`r1_ascend.rehearse.lifecycle.check_vllm_groups`."""
+    from vllm.distributed import parallel_state
+
+    _record(
+        "vllm_groups",
+        rank=torch.distributed.get_rank(),
+        tp=list(parallel_state.get_tp_group().ranks),
+        dp=list(parallel_state.get_dp_group().ranks),
+        ep=list(parallel_state.get_ep_group().ranks),
+    )
+
+
 def install() -> None:
     """Install the CPU platform, then every record and planted fault of this module, in this process (idempotent)."""
     from r1_ascend.cpu import engine, mcore, workers
@@ -277,8 +291,9 @@ def install() -> None:
     workers.install()
     if _record_model not in mcore.MODEL_LISTENERS:
         mcore.MODEL_LISTENERS.append(_record_model)
-    if attach_from_env not in engine.ENGINE_HOOKS:
-        engine.ENGINE_HOOKS.append(attach_from_env)
+    for hook in (_record_vllm_groups, attach_from_env):
+        if hook not in engine.ENGINE_HOOKS:
+            engine.ENGINE_HOOKS.append(hook)
     _record_lifecycle()
     _record_checkpoint_loads()
     _record_stages()

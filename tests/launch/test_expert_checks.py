@@ -211,3 +211,29 @@ def test_the_bias_of_a_float32_engine_is_compared_unrounded(held_in: str | None)
     bias = {1: [0.1234567, -0.7654321]}
     assert checks.held_as(bias, held_in) == {1: [0.1234567, -0.7654321]}
     assert checks.held_as(bias, "torch.bfloat16") != bias
+
+
+def staged(events: list[dict[str, Any]], stages: dict[int, tuple[int, ...]]) -> list[dict[str, Any]]:
+    """``events`` as pipeline stages record them: each worker's actor bias holds only its stage's layers (``stages``:
+    pid -> layers), its engine every layer."""
+    out = []
+    for event in events:
+        if event["event"] == "expert_load":
+            layers = {str(layer) for layer in stages[event["pid"]]}
+            event = {**event, "bias": {k: v for k, v in event["bias"].items() if k in layers}}
+        out.append(event)
+    return out
+
+
+def test_pipeline_stages_are_each_checked_on_their_own_layers() -> None:
+    events = staged(run(steps=3), {11: (1,), 12: (2,)})
+    assert all(d["engine_vs_actor"] == 0.0 for d in checks.check_engine_follows(events))
+    stale = staged(run(steps=3, engine={3: {**bias_after(2), "2": bias_after(0)["2"]}}), {11: (1,), 12: (2,)})
+    with pytest.raises(checks.ExpertLoadError, match="differs from the actor's"):
+        checks.check_engine_follows(stale)
+
+
+def test_an_engine_layer_no_stage_holds_fails() -> None:
+    events = staged(run(steps=3), {11: (1,), 12: (1,)})
+    with pytest.raises(checks.ExpertLoadError, match=r"engine's MoE layers \[1, 2\] and the actor's \[1\]"):
+        checks.check_engine_follows(events)

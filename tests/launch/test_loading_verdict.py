@@ -20,6 +20,7 @@ from r1_ascend.rehearse.lifecycle import (
     check_loading,
     check_rollout_path,
     check_sampling,
+    check_vllm_groups,
 )
 
 
@@ -94,8 +95,13 @@ def rollout_records(pids: tuple[int, ...] = (101, 102), cycles: int = 2) -> list
     and each generation sampled through the patched sampler."""
     events: list[dict[str, Any]] = []
     t = 0.0
-    for pid in pids:
+    world = list(range(len(pids)))
+    for rank, pid in enumerate(pids):
         syncs = 0
+        t += 0.01
+        events.append(
+            {"t": t, "pid": pid, "event": "vllm_groups", "rank": rank, "tp": world, "dp": [rank], "ep": world}
+        )
         for name in ["release"] + [step for _ in range(cycles) for step in CYCLE]:
             t += 0.01
             events.append({"t": t, "pid": pid, "event": name})
@@ -118,7 +124,8 @@ def write(directory: Path, events: list[dict[str, Any]]) -> Path:
 
 def test_the_rollout_path_holds_the_sampler_and_the_loader_verdicts(tmp_path: Path) -> None:
     verdict = check_rollout_path(write(tmp_path, rollout_records()), set())
-    assert set(verdict) == {"sampling", "weight_loading"}
+    assert set(verdict) == {"sampling", "weight_loading", "vllm_groups"}
+    assert verdict["vllm_groups"] == "2 workers built vLLM's groups as the DP/EP layout plans them (TP 2 x DP 1, EP 2)"
     assert verdict["weight_loading"] == f"4 weight syncs through {VLLM_LOADER}.load_weights"
     assert verdict["sampling"] == check_sampling(rollout_records(), set())
 
@@ -142,3 +149,39 @@ def test_the_rollout_path_spares_the_killed_workers_last_sync(tmp_path: Path) ->
     with pytest.raises(LifecycleError, match="without its load"):
         check_rollout_path(tmp_path, set())
     assert check_rollout_path(tmp_path, {102})["weight_loading"].startswith("4 weight syncs")
+
+
+def groups_records(world: int, tp: int, wrong: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Each rank's vLLM groups as the layout rule plans them at ``tp``; ``wrong`` replaces fields of rank 1's."""
+    from r1_ascend.patches.rules.dp_layout import plan_dp_ep_layout
+
+    events = []
+    for rank in range(world):
+        plan = plan_dp_ep_layout(world, rank, tp)
+        event = {"t": float(rank), "pid": 100 + rank, "event": "vllm_groups", "rank": rank}
+        event |= {"tp": list(plan.tp_group), "dp": list(plan.dp_group), "ep": list(plan.ep_group)}
+        events.append(event | (wrong or {}) if rank == 1 else event)
+        events.append({"t": float(rank) + 0.5, "pid": 100 + rank, "event": "generate"})
+    return events
+
+
+def test_rollout_dp_2_groups_as_planned_pass_and_are_reported() -> None:
+    assert check_vllm_groups(groups_records(4, 2)) == (
+        "4 workers built vLLM's groups as the DP/EP layout plans them (TP 2 x DP 2, EP 4)"
+    )
+
+
+@pytest.mark.parametrize(
+    "wrong", [{"dp": [0, 1]}, {"tp": [1, 3]}, {"ep": [0, 1]}, {"dp": [1]}], ids=["dp", "tp", "ep", "dp-size"]
+)
+def test_groups_other_than_planned_name_the_rank_and_both_layouts(wrong: dict[str, Any]) -> None:
+    with pytest.raises(LifecycleError, match=r"worker pid 101 \(rank 1\) built vLLM's groups TP .* the layout of"):
+        check_vllm_groups(groups_records(4, 2, wrong))
+
+
+def test_a_worker_that_generated_without_recording_its_groups_is_named() -> None:
+    events = [e for e in groups_records(4, 2) if not (e["pid"] == 102 and e["event"] == "vllm_groups")]
+    with pytest.raises(LifecycleError, match=r"worker pids \[102\] generated with no record"):
+        check_vllm_groups(events)
+    with pytest.raises(LifecycleError, match="no worker recorded"):
+        check_vllm_groups([])

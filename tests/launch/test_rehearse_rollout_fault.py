@@ -95,12 +95,19 @@ def test_a_rollout_fault_planted_in_the_real_run_is_stopped(tmp_path: Path, weig
     one-process bench, seed 0: median 0.030 against the stop level 0.017, docs/rollout_guard.md). The other rollout
     faults are stopped (or written down as not separable) by the bench in tests/model/test_rollout_guard_faults.py;
     each real-loop run costs the full tier two to four minutes, so one runs here (``sampler-unpatched`` in the real
-    loop: docs/benchmarks.md)."""
+    loop: docs/benchmarks.md).
+
+    It runs at the layout the trivial one leaves out: 2 nodes x 2 fake NPUs, the actor in 2 pipeline stages (megatron's
+    1F1B schedule and its p2p over gloo, verl's export across the stages) and the rollout at TP 2 x DP 2 with EP 4 (the
+    overlay's vllm_dp_ep_groups builds vLLM's DP and EP groups; every worker's are checked against the layout rule)."""
     out = tmp_path / "rollout-fault"
     cmd = [sys.executable, "-m", "r1_ascend.cli", "rehearse", "--output-dir", str(out), "--weights", str(weights)]
+    cmd += ["--npus-per-node", "2", "--actor-pp", "2", "--rollout-dp", "2"]
     done = subprocess.run([*cmd, "--rollout-fault", fault], capture_output=True, text=True, timeout=1200, check=False)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    verdict = json.loads((out / f"summary-{fault}.json").read_text())["rollout_fault"]
+    summary = json.loads((out / f"summary-{fault}.json").read_text())
+    assert summary["vllm_groups"] == "4 workers built vLLM's groups as the DP/EP layout plans them (TP 2 x DP 2, EP 4)"
+    verdict = summary["rollout_fault"]
     assert verdict["stopped_in_step"] == FAULT_STEP
     assert verdict["statistics_above_stop"], "the error names the statistics"
     assert verdict["time_to_stop_s"] <= STOP_BOUND_S
