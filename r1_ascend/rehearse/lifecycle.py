@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from r1_ascend.patches import DpEpConfigError
+from r1_ascend.patches.rules.dp_layout import plan_dp_ep_layout
+
+T = TypeVar("T")
 
 #: What verl's ActorRolloutRefWorker must do around every generation (rollout_mode, generate, trainer_mode).
 CYCLE = ("resume(weights)", "update_weights", "resume(kv_cache)", "generate", "release")
@@ -231,8 +237,6 @@ def check_vllm_groups(events: list[dict[str, Any]]) -> str:
     """Every worker that generated recorded vLLM's TP, DP and EP groups once its engine was built, and they are the
     ranks the overlay's layout rule plans for its world and TP size (``r1_ascend.patches.rules.dp_layout``): with
     rollout DP > 1 the overlay's ``vllm_dp_ep_groups`` built them, at DP 1 vLLM's own start-up did."""
-    from r1_ascend.patches.rules.dp_layout import plan_dp_ep_layout
-
     groups = {int(e["pid"]): e for e in events if e["event"] == "vllm_groups"}
     missing = sorted({int(e["pid"]) for e in events if e["event"] == "generate"} - set(groups))
     if missing:
@@ -242,7 +246,10 @@ def check_vllm_groups(events: list[dict[str, Any]]) -> str:
     layouts = set()
     for pid, event in sorted(groups.items()):
         found = (tuple(event["tp"]), tuple(event["dp"]), tuple(event["ep"]))
-        plan = plan_dp_ep_layout(len(event["ep"]), int(event["rank"]), len(event["tp"]))
+        try:
+            plan = plan_dp_ep_layout(len(event["ep"]), int(event["rank"]), len(event["tp"]))
+        except DpEpConfigError as exc:
+            raise LifecycleError(f"worker pid {pid} recorded vLLM groups no layout has: {exc}") from exc
         expected = (plan.tp_group, plan.dp_group, plan.ep_group)
         if found != expected:
             raise LifecycleError(
@@ -266,9 +273,14 @@ def rollout_path(events: list[dict[str, Any]], killed_pids: set[int]) -> dict[st
     }
 
 
-def check_rollout_path(records: Path, killed_pids: set[int]) -> dict[str, str]:
-    """:func:`rollout_path` of the records in ``records``; a failure names that directory."""
+def check_records(records: Path, check: Callable[[list[dict[str, Any]]], T]) -> T:
+    """``check`` of the records in ``records``; a failure names that directory."""
     try:
-        return rollout_path(read_lifecycle(records), killed_pids)
+        return check(read_lifecycle(records))
     except LifecycleError as exc:
         raise LifecycleError(f"{exc}; records: {records}") from exc
+
+
+def check_rollout_path(records: Path, killed_pids: set[int]) -> dict[str, str]:
+    """:func:`rollout_path` of the records in ``records``; a failure names that directory."""
+    return check_records(records, lambda events: rollout_path(events, killed_pids))

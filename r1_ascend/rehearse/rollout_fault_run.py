@@ -19,7 +19,7 @@ from pathlib import Path
 from r1_ascend.rehearse import faults, rollout_faults
 from r1_ascend.rehearse.cluster import wait_for
 from r1_ascend.rehearse.config import Plan
-from r1_ascend.rehearse.lifecycle import LifecycleError, check_vllm_groups, read_lifecycle
+from r1_ascend.rehearse.lifecycle import check_records, check_vllm_groups
 from r1_ascend.rehearse.progress import RehearsalError, log_progress, read_log
 from r1_ascend.rehearse.session import Session
 
@@ -62,12 +62,7 @@ def judge(session: Session, stopped: tuple[int, float], name: str) -> dict[str, 
     code, stop_s = stopped
     log = session.logs[0]
     verdict = judge_stop(read_log(log), log, session.out, name, code, stop_s)
-    records = session.out / "lifecycle"
-    try:
-        groups = check_vllm_groups(read_lifecycle(records))
-    except LifecycleError as exc:
-        raise RehearsalError(f"{exc}; records: {records}") from exc
-    return {"rollout_fault": verdict, "vllm_groups": groups}
+    return {"rollout_fault": verdict, "vllm_groups": check_records(session.out / "lifecycle", check_vllm_groups)}
 
 
 def judge_stop(text: str, log: Path, out: Path, name: str, code: int, stop_s: float) -> dict[str, object]:

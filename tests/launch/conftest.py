@@ -18,6 +18,7 @@ from r1_ascend.launch.smoke_model import sample_path, smoke_model_config
 from r1_ascend.ports import unused_local_port
 from r1_ascend.rehearse.cluster import delete_netns, make_netns
 from r1_ascend.rehearse.leftovers import run_processes
+from r1_ascend.rehearse.process_faults import with_descendants
 
 
 def write_model(path: Path, config: dict) -> Path:
@@ -111,10 +112,10 @@ def netns() -> Iterator[list[str]]:
             delete_netns(name)
 
 
-def rehearse_cli(*args: str) -> subprocess.CompletedProcess:
-    """``r1-ascend rehearse ARGS`` as a user runs it, its output captured."""
+def rehearse_cli(*args: str, timeout: float = 1200) -> subprocess.CompletedProcess:
+    """``r1-ascend rehearse ARGS`` as a user runs it, its output captured; ``timeout`` seconds at most."""
     cmd = [sys.executable, "-m", "r1_ascend.cli", "rehearse", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=1200, check=False)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def other_workers_processes() -> set[int]:
@@ -124,17 +125,10 @@ def other_workers_processes() -> set[int]:
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return set()
     me = psutil.Process()
-    found: set[int] = set()
-    try:
-        siblings = [p for p in me.parent().children() if p.pid != me.pid]
-    except (psutil.Error, AttributeError):
-        return found
-    for sibling in siblings:
-        try:
-            found |= {sibling.pid, *(child.pid for child in sibling.children(recursive=True))}
-        except psutil.Error:
-            continue
-    return found
+    parent = me.parent()
+    if parent is None:
+        return set()
+    return with_descendants({p.pid for p in parent.children() if p.pid != me.pid})
 
 
 def assert_nothing_left(summary: dict, began: float) -> None:
@@ -154,7 +148,7 @@ def assert_nothing_left(summary: dict, began: float) -> None:
 
 @pytest.fixture
 def rehearse() -> Callable[..., subprocess.CompletedProcess]:
-    """``rehearse(*args)``: ``r1-ascend rehearse ARGS``, its output captured."""
+    """``rehearse(*args, timeout=1200)``: ``r1-ascend rehearse ARGS``, its output captured."""
     return rehearse_cli
 
 

@@ -185,3 +185,10 @@ def test_a_worker_that_generated_without_recording_its_groups_is_named() -> None
         check_vllm_groups(events)
     with pytest.raises(LifecycleError, match="no worker recorded"):
         check_vllm_groups([])
+
+
+def test_groups_no_layout_can_have_are_named_not_raised_as_a_config_error() -> None:
+    """An EP group of one rank with a TP group of two: the layout rule refuses it; the verdict names the worker."""
+    events = groups_records(4, 2, {"ep": [1], "tp": [0, 1]})
+    with pytest.raises(LifecycleError, match=r"worker pid 101 recorded vLLM groups no layout has"):
+        check_vllm_groups(events)

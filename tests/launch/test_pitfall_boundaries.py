@@ -308,6 +308,22 @@ def test_ignore_eos_warns_when_set(shipped: Run, ignore_eos: bool, expected: boo
 # --- checkpoints and resume ------------------------------------------------------------------------------------
 
 
+def doubled_batch(run: Run, **settings: Any) -> Run:
+    """``run`` at twice its prompts per step: twice the work per die, so a step of the estimate is twice as long (the
+    shipped run's step scale is exactly 1, which hides a scale multiplied where it should divide)."""
+    return changed(run, data__train_batch_size=2 * int(run.config.data.train_batch_size), **settings)
+
+
+def step_hours(run: Run) -> float:
+    """Hours of one step of ``run`` by preflight's estimate."""
+    return pitfalls.REFERENCE_STEP_S * pitfalls.step_scale(run) / 3600
+
+
+def largest_interval(run: Run) -> int:
+    """The most steps between checkpoints that stay within the limit for ``run``."""
+    return int(pitfalls.MAX_HOURS_WITHOUT_CHECKPOINT / step_hours(run))
+
+
 @pytest.mark.parametrize(("save_freq", "expected"), [(0, True), (-1, True), (1, False)])
 def test_checkpoint_interval_warns_when_nothing_is_saved(shipped: Run, save_freq: int, expected: bool) -> None:
     run = changed(shipped, trainer__save_freq=save_freq)
@@ -318,8 +334,7 @@ def test_checkpoint_interval_warns_when_nothing_is_saved(shipped: Run, save_freq
 def test_checkpoint_interval_limit_is_hours_of_the_estimated_run(shipped: Run) -> None:
     """The limit is MAX_HOURS_WITHOUT_CHECKPOINT of estimated steps: the largest interval under it passes, one step
     more warns, and the fix it prints is that largest interval."""
-    step_h = pitfalls.REFERENCE_STEP_S * pitfalls.step_scale(shipped) / 3600
-    largest = int(pitfalls.MAX_HOURS_WITHOUT_CHECKPOINT / step_h)
+    largest = largest_interval(shipped)
     assert largest >= 2  # else the case below says nothing
     quiet = changed(shipped, trainer__save_freq=largest, trainer__total_training_steps=10 * largest)
     assert levels(pitfalls.rule_checkpoint_interval, quiet) == []
@@ -332,8 +347,7 @@ def test_checkpoint_interval_limit_is_hours_of_the_estimated_run(shipped: Run) -
 
 def test_checkpoint_interval_counts_at_most_the_whole_run(shipped: Run) -> None:
     """save_freq beyond the last step saves once, at the end: the interval is the run's length."""
-    step_h = pitfalls.REFERENCE_STEP_S * pitfalls.step_scale(shipped) / 3600
-    largest = int(pitfalls.MAX_HOURS_WITHOUT_CHECKPOINT / step_h)
+    largest = largest_interval(shipped)
     short = changed(shipped, trainer__save_freq=10 * largest, trainer__total_training_steps=largest)
     assert levels(pitfalls.rule_checkpoint_interval, short) == []
     whole = changed(shipped, trainer__save_freq=10 * largest, trainer__total_training_steps=largest + 1)
@@ -492,7 +506,7 @@ def test_the_reference_pass_cost_is_scaled_to_the_run_when_its_model_is_known(sh
     """The KL-at-0 warning prices the reference pass it keeps: scaled from the reference 671B step by this run's
     work per die, or, without a known model, as the reference step's own figure."""
     zero = {f"{A}__actor__kl_loss_coef": 0.0}
-    doubled = changed(shipped, **zero, data__train_batch_size=2 * int(shipped.config.data.train_batch_size))
+    doubled = doubled_batch(shipped, **zero)
     assert pitfalls.step_scale(doubled) == pytest.approx(2 * pitfalls.step_scale(shipped))
     (scaled,) = pitfalls.rule_kl_zero_coef(doubled)
     seconds = pitfalls.REFERENCE_REF_PASS_S * pitfalls.step_scale(doubled)
@@ -506,21 +520,10 @@ def test_the_reference_pass_cost_is_scaled_to_the_run_when_its_model_is_known(sh
 # --- the checkpoint interval's estimate, off a step scale of exactly 1 -------------------------------------------
 
 
-def doubled_batch(run: Run, **settings: Any) -> Run:
-    """``run`` at twice its prompts per step: twice the work per die, so a step of the estimate is twice as long (the
-    shipped run's step scale is exactly 1, which hides a scale multiplied where it should divide)."""
-    return changed(run, data__train_batch_size=2 * int(run.config.data.train_batch_size), **settings)
-
-
-def step_hours(run: Run) -> float:
-    return pitfalls.REFERENCE_STEP_S * pitfalls.step_scale(run) / 3600
-
-
 def test_checkpoint_interval_estimate_follows_the_runs_step_scale(shipped: Run) -> None:
     run = doubled_batch(shipped)
     assert pitfalls.step_scale(run) == pytest.approx(2.0)
-    per_step = step_hours(run)
-    largest = int(pitfalls.MAX_HOURS_WITHOUT_CHECKPOINT / per_step)
+    per_step, largest = step_hours(run), largest_interval(run)
     assert levels(pitfalls.rule_checkpoint_interval, changed(run, trainer__save_freq=largest)) == []
     interval = largest + 1
     (finding,) = pitfalls.rule_checkpoint_interval(changed(run, trainer__save_freq=interval))
@@ -549,7 +552,7 @@ def test_checkpoint_interval_when_one_step_outlasts_the_limit_asks_for_every_ste
 
 
 def test_checkpoint_interval_without_a_run_length_is_save_freq(shipped: Run) -> None:
-    largest = int(pitfalls.MAX_HOURS_WITHOUT_CHECKPOINT / step_hours(shipped))
+    largest = largest_interval(shipped)
     endless = {"trainer__total_training_steps": None}
     assert levels(pitfalls.rule_checkpoint_interval, changed(shipped, trainer__save_freq=largest, **endless)) == []
     (finding,) = pitfalls.rule_checkpoint_interval(changed(shipped, trainer__save_freq=largest + 1, **endless))
@@ -557,8 +560,7 @@ def test_checkpoint_interval_without_a_run_length_is_save_freq(shipped: Run) -> 
 
 
 def test_checkpoint_interval_saving_only_at_the_last_step_says_so(shipped: Run) -> None:
-    largest = int(pitfalls.MAX_HOURS_WITHOUT_CHECKPOINT / step_hours(shipped))
-    steps = largest + 1
+    steps = largest_interval(shipped) + 1
     run = changed(shipped, trainer__save_freq=steps, trainer__total_training_steps=steps)
     (finding,) = pitfalls.rule_checkpoint_interval(run)
     assert f"{steps} steps between checkpoints (the only checkpoint is the last step's), ~" in finding.message

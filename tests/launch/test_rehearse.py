@@ -68,17 +68,11 @@ def test_preludes_must_name_every_required_patch() -> None:
 
 
 @pytest.mark.slow
-def test_rehearsal_runs_kills_resumes_and_reports(tmp_path: Path, weights: Path) -> None:
+def test_rehearsal_runs_kills_resumes_and_reports(tmp_path: Path, weights: Path, rehearse) -> None:
     """The shipped plan end to end (the checkpoint conversion it does without ``--weights`` is the session's
     ``weights`` fixture, the same ``make_weights``)."""
     out = tmp_path / "rehearse"
-    done = subprocess.run(
-        [sys.executable, "-m", "r1_ascend.cli", "rehearse", "--output-dir", str(out), "--weights", str(weights)],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=False,
-    )
+    done = rehearse("--output-dir", str(out), "--weights", str(weights), timeout=1800)
     assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
     summary = json.loads((out / "summary.json").read_text())
     plan = Plan()
@@ -115,14 +109,15 @@ CONTROL_STEPS = 6
 @pytest.mark.parametrize(
     ("argv", "control"), [(["--lr", "0"], "lr0"), (["--shuffle-rewards"], "shuffled-rewards")], ids=["lr0", "shuffled"]
 )
-def test_a_control_run_does_not_raise_the_reward(tmp_path: Path, weights: Path, argv: list[str], control: str) -> None:
+def test_a_control_run_does_not_raise_the_reward(
+    tmp_path: Path, weights: Path, rehearse, argv: list[str], control: str
+) -> None:
     """The controls: the same rehearsal at learning rate 0 trains nothing, and with each batch's rewards permuted
     across its responses the updates carry no signal; in both the reward stays at its base rate (the command's own
     verdict, ``training.check_flat``, checked again here from the summary)."""
     out = tmp_path / f"rehearse-{control}"
-    cmd = [sys.executable, "-m", "r1_ascend.cli", "rehearse", "--output-dir", str(out), *argv]
-    cmd += ["--weights", str(weights), "--steps", str(CONTROL_STEPS)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
+    args = ["--output-dir", str(out), *argv, "--weights", str(weights), "--steps", str(CONTROL_STEPS)]
+    done = rehearse(*args, timeout=1800)
     assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
     summary = json.loads((out / f"summary-control-{control}.json").read_text())
     reward = summary["reward"]

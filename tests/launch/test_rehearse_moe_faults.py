@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -107,17 +106,16 @@ def test_a_failure_that_does_not_name_the_fault_is_not_a_catch(tmp_path: Path) -
 # --- slow: each fault in the real run -------------------------------------------------------------------------------
 
 
-def _rehearse(tmp_path: Path, weights: Path, name: str) -> tuple[subprocess.CompletedProcess, dict]:
+def _rehearse(rehearse, tmp_path: Path, weights: Path, name: str) -> tuple[subprocess.CompletedProcess, dict]:
     out = tmp_path / name
-    cmd = [sys.executable, "-m", "r1_ascend.cli", "rehearse", "--output-dir", str(out), "--fault", name]
-    done = subprocess.run([*cmd, "--weights", str(weights)], capture_output=True, text=True, timeout=1500, check=False)
+    done = rehearse("--output-dir", str(out), "--fault", name, "--weights", str(weights), timeout=1500)
     summary = out / f"summary-{name}.json"
     return done, json.loads(summary.read_text()) if summary.is_file() else {}
 
 
 @pytest.mark.slow
-def test_a_dead_expert_fails_the_rehearsal_naming_layer_and_expert(tmp_path: Path, weights: Path) -> None:
-    done, summary = _rehearse(tmp_path, weights, "dead-expert")
+def test_a_dead_expert_fails_the_rehearsal_naming_layer_and_expert(tmp_path: Path, weights: Path, rehearse) -> None:
+    done, summary = _rehearse(rehearse, tmp_path, weights, "dead-expert")
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     fault = summary["fault"]
     assert fault["caught_by"] == "expert verdicts"
@@ -125,8 +123,8 @@ def test_a_dead_expert_fails_the_rehearsal_naming_layer_and_expert(tmp_path: Pat
 
 
 @pytest.mark.slow
-def test_a_stale_bias_in_the_engine_fails_the_rehearsal(tmp_path: Path, weights: Path) -> None:
-    done, summary = _rehearse(tmp_path, weights, "stale-bias")
+def test_a_stale_bias_in_the_engine_fails_the_rehearsal(tmp_path: Path, weights: Path, rehearse) -> None:
+    done, summary = _rehearse(rehearse, tmp_path, weights, "stale-bias")
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     fault = summary["fault"]
     assert fault["caught_by"] in {"expert verdicts", "rollout guard"}

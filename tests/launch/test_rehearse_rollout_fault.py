@@ -9,8 +9,6 @@ guard switched off (``R1_ASCEND_DISABLE=verl_rollout_guard``) the same run train
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -90,7 +88,9 @@ def test_a_broken_stop_fails(tmp_path: Path, text: str, code: int, steps: list[i
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", ["stale-layers"])
-def test_a_rollout_fault_planted_in_the_real_run_is_stopped(tmp_path: Path, weights: Path, fault: str) -> None:
+def test_a_rollout_fault_planted_in_the_real_run_is_stopped(
+    tmp_path: Path, weights: Path, rehearse, fault: str
+) -> None:
     """stale-layers: the fault with the widest margin over the stop level that is not a whole sync missed (the
     one-process bench, seed 0: median 0.030 against the stop level 0.017, docs/rollout_guard.md). The other rollout
     faults are stopped (or written down as not separable) by the bench in tests/model/test_rollout_guard_faults.py;
@@ -101,9 +101,8 @@ def test_a_rollout_fault_planted_in_the_real_run_is_stopped(tmp_path: Path, weig
     1F1B schedule and its p2p over gloo, verl's export across the stages) and the rollout at TP 2 x DP 2 with EP 4 (the
     overlay's vllm_dp_ep_groups builds vLLM's DP and EP groups; every worker's are checked against the layout rule)."""
     out = tmp_path / "rollout-fault"
-    cmd = [sys.executable, "-m", "r1_ascend.cli", "rehearse", "--output-dir", str(out), "--weights", str(weights)]
-    cmd += ["--npus-per-node", "2", "--actor-pp", "2", "--rollout-dp", "2"]
-    done = subprocess.run([*cmd, "--rollout-fault", fault], capture_output=True, text=True, timeout=1200, check=False)
+    layout = ["--npus-per-node", "2", "--actor-pp", "2", "--rollout-dp", "2"]
+    done = rehearse("--output-dir", str(out), "--weights", str(weights), *layout, "--rollout-fault", fault)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     summary = json.loads((out / f"summary-{fault}.json").read_text())
     assert summary["vllm_groups"] == "4 workers built vLLM's groups as the DP/EP layout plans them (TP 2 x DP 2, EP 4)"
