@@ -249,3 +249,42 @@ def test_progress_lines_to_a_closed_stdout_do_not_stop_what_follows(tmp_path: Pa
     stderr = child.stderr.read().decode(errors="replace")
     assert child.wait(120) == 0, stderr[-3000:]
     assert marker.read_text() == "ok"
+
+
+@pytest.mark.parametrize(
+    ("argv", "accepted"),
+    [
+        (["--npus-per-node", "2", "--actor-pp", "2", "--rollout-dp", "2"], True),
+        (["--npus-per-node", "2", "--rollout-dp", "4"], True),  # TP 1
+        (["--npus-per-node", "2", "--actor-pp", "4"], False),  # DP 1 cannot hold the actor's EP 2
+        (["--actor-pp", "2"], False),  # a world of 2 in 2 stages: DP 1
+        (["--npus-per-node", "2", "--actor-pp", "3"], False),  # 3 does not divide 4
+        (["--actor-pp", "0"], False),
+        (["--npus-per-node", "2", "--rollout-dp", "3"], False),
+        (["--rollout-dp", "0"], False),
+    ],
+)
+def test_layouts_the_world_cannot_hold_are_refused_before_anything_starts(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], accepted: bool
+) -> None:
+    from r1_ascend.rehearse import run
+
+    seen: list[Plan] = []
+
+    def capture(out: Path, plan: Plan, *_: object) -> dict:
+        seen.append(plan)
+        raise run.RehearsalError("stopped by the test")
+
+    monkeypatch.setattr(run, "rehearse", capture)
+    if accepted:
+        assert run.main(["--output-dir", str(tmp_path), *argv]) == 1
+        (plan,) = seen
+        asked = dict(zip(argv[::2], map(int, argv[1::2]), strict=True))
+        assert (plan.actor_pp, plan.rollout_dp) == (asked.get("--actor-pp", 1), asked.get("--rollout-dp", 1))
+        return
+    with pytest.raises(SystemExit) as exc:
+        run.main(["--output-dir", str(tmp_path), *argv])
+    assert exc.value.code == 2
+    assert seen == []
+    flag = "--actor-pp" if "--actor-pp" in argv else "--rollout-dp"
+    assert flag in capsys.readouterr().err
