@@ -93,9 +93,9 @@ def pytest_report_header() -> list[str]:
     return [f"upstream: {versions}", "torch_npu: CPU stub (no NPU), MindSpeed: fake (r1_ascend.testing)"]
 
 
-#: Test modules that start Ray or a rehearsal, or look at every process on the machine (marked ``machine``): with
-#: two pytest-xdist workers (scripts/test.sh) they run one after the other in one lane, so no two rehearsals share
-#: the two cores under their time bounds or see each other's processes, while the other worker takes the rest.
+#: Test modules that start Ray or a rehearsal, or look at every process on the machine (marked ``machine``): under
+#: pytest-xdist (scripts/test.sh) they run one after the other in one lane, so no two rehearsals share the two cores
+#: under their time bounds or see each other's processes, while the other workers take the rest.
 #: The scheduler sees only test ids, hence a list; ``pytest_itemcollected`` checks it against the marker.
 MACHINE_MODULES = frozenset(
     {
@@ -103,6 +103,7 @@ MACHINE_MODULES = frozenset(
         "tests/launch/test_ray_start_leftovers.py",
         "tests/launch/test_recipe_entry.py",
         "tests/launch/test_rehearse.py",
+        "tests/launch/test_rehearse_external_kill.py",
         "tests/launch/test_rehearse_faults.py",
         "tests/launch/test_rehearse_leftovers.py",
         "tests/launch/test_rehearse_moe_faults.py",
@@ -131,6 +132,7 @@ MACHINE_MODULES = frozenset(
 SECOND_LANE_MODULES = frozenset(
     {
         "tests/launch/test_rehearse.py",
+        "tests/launch/test_rehearse_external_kill.py",
         "tests/launch/test_rehearse_moe_faults.py",
         "tests/launch/test_rehearse_rollout_fault.py",
         "tests/launch/test_rehearse_save_faults.py",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -150,6 +151,19 @@ def assert_nothing_left(summary: dict, began: float) -> None:
 def rehearse() -> Callable[..., subprocess.CompletedProcess]:
     """``rehearse(*args, timeout=1200)``: ``r1-ascend rehearse ARGS``, its output captured."""
     return rehearse_cli
+
+
+def temp_dir_announced(stdout: str) -> str:
+    """The Ray temp dir a rehearsal announced on its output (``cluster: ... Ray temp dir /tmp/r1rh-...``)."""
+    found = re.search(r"Ray temp dir (\S+)", stdout)
+    assert found, f"the rehearsal did not announce its Ray temp dir: {stdout[-2000:]}"
+    return found.group(1)
+
+
+@pytest.fixture
+def announced_temp_dir() -> Callable[[str], str]:
+    """``announced_temp_dir(stdout)``: the Ray temp dir a rehearsal's output announced (for ``nothing_left``)."""
+    return temp_dir_announced
 
 
 @pytest.fixture
