@@ -163,10 +163,14 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """pytest-xdist's scope scheduling (a module is one unit, so its module fixtures are built once), with the machine
     modules in one unit, or in two (the second lane) where rehearsals get network namespaces. The lanes go first in
-    the queue, one to each worker; the other units follow, largest first."""
+    the queue, one to each worker; then the units that hold slow tests (model-path runs of tens of seconds, which
+    last in the queue left one worker running alone at the end); the other units follow, largest first."""
     from xdist.scheduler import LoadScopeScheduling
 
+    from r1_ascend.testing.slow_units import holds_slow_tests
+
     lanes = ("machine", "machine-2") if network_namespaces_available() else ("machine",)
+    slow_units: dict[str, bool] = {}
 
     class MachineLanes(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
@@ -176,10 +180,16 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
             return lanes[-1] if module in SECOND_LANE_MODULES else lanes[0]
 
         def _assign_work_unit(self, node: object) -> None:
-            for lane in lanes:
-                if lane in self.workqueue:
-                    self.workqueue.move_to_end(lane, last=False)
-                    break
+            first = next((lane for lane in lanes if lane in self.workqueue), None)
+            if first is None:
+                first = next((unit for unit in self.workqueue if self._is_slow(unit)), None)
+            if first is not None:
+                self.workqueue.move_to_end(first, last=False)
             super()._assign_work_unit(node)
+
+        def _is_slow(self, unit: str) -> bool:
+            if unit not in slow_units:
+                slow_units[unit] = holds_slow_tests(Path(__file__).resolve().parent / unit)
+            return slow_units[unit]
 
     return MachineLanes(config, log)

@@ -70,9 +70,10 @@ stop_recorded() {
         if kill -0 "${pid}" 2>/dev/null; then
             log "stopping ray start --block (pid ${pid}); it stops the Ray processes it started"
             kill -TERM "${pid}" 2>/dev/null || true
-            for _ in $(seq 1 30); do
+            # up to 30 s, asked every 0.2 s: it usually ends within a second, and each rehearsal stops two nodes
+            for _ in $(seq 1 150); do
                 kill -0 "${pid}" 2>/dev/null || break
-                sleep 1
+                sleep 0.2
             done
             kill -0 "${pid}" 2>/dev/null && kill -KILL "${pid}" 2>/dev/null || true
         fi

@@ -142,3 +142,14 @@ def test_the_other_lanes_processes_are_the_other_workers_trees(tmp_path: Path) -
     assert {found["sibling"], found["grandchild"]} <= seen
     assert found["worker"]["own"] not in seen
     assert seen <= {found["sibling"], found["grandchild"]}, "only the sibling's tree (no stray process of the host)"
+
+
+def test_units_with_slow_tests_are_told_from_the_others_by_their_source() -> None:
+    """The scheduler hands out the units holding slow tests first (conftest.py): it reads the marker from the
+    module's source, as it sees only test ids."""
+    from r1_ascend.testing.slow_units import holds_slow_tests
+
+    assert holds_slow_tests(ROOT / "tests/model/test_megatron_resume.py")  # module-wide pytestmark
+    assert holds_slow_tests(ROOT / "tests/launch/test_rehearse_faults.py")  # per test
+    assert not holds_slow_tests(ROOT / "tests/test_test_lanes.py")
+    assert not holds_slow_tests(ROOT / "tests/no_such_module.py")

@@ -10,7 +10,8 @@ time:
 - ``node-loss``: SIGKILL the raylet of the last simulated node while a worker is in ``update_actor``: Ray's node
   on it ends, with every process it ran.
 
-The run must stop within :data:`r1_ascend.rehearse.faults.STOP_BOUND_S` with ``WorkerLostError`` naming the step,
+The run must stop within its fault's bound (:data:`r1_ascend.rehearse.faults.STOP_BOUND_S`; the hang's is
+:data:`HANG_STOP_BOUND_S`, from the watchdog's silence limit) with ``WorkerLostError`` naming the step,
 the stage, the worker (or the lost node, without pointing to the OOM killer) and ``global_step_1``; then no process
 of the run (driver, workers, what they forked, the lost node's Ray) may be left anywhere on the machine
 (r1_ascend.rehearse.leftovers). The relaunch (after the lost node rejoined) must resume from ``global_step_1`` and
@@ -30,7 +31,7 @@ from pathlib import Path
 import psutil
 
 from r1_ascend.patches.rules.checkpoints import tracker_written_at
-from r1_ascend.rehearse.config import Plan
+from r1_ascend.rehearse.config import WATCHDOG, Plan
 from r1_ascend.rehearse.fault_hold import release_held_workers
 from r1_ascend.rehearse.faults import (
     STOP_BOUND_S,
@@ -63,19 +64,27 @@ class RunScope:
         return run_processes(self.temp_dir, self.began, ignore=node_daemons(self.pid_files))
 
 
+#: Seconds within which a hang must be stopped: nothing dies, so only the watchdog can stop it, once a worker has been
+#: silent for ``silence_s`` (the next poll, a probe of at most 5 s, then the job's processes end: 43 s measured on the
+#: 2-core machine, loaded or not). The hang with the watchdog off must still run this long after the fault.
+HANG_STOP_BOUND_S = float(WATCHDOG["silence_s"]) + 45.0
+
+
 @dataclass(frozen=True)
 class ProcessFault:
-    """Which stage of step 2 it hits, the signal it sends, and whether it takes a whole node."""
+    """Which stage of step 2 it hits, the signal it sends, whether it takes a whole node, and the seconds within
+    which the run must have stopped."""
 
     stage: str
     signal: signal.Signals
     node: bool = False
+    bound_s: float = STOP_BOUND_S
 
 
 PROCESS_FAULTS: dict[str, ProcessFault] = {
     "kill-actor-worker": ProcessFault("update_actor", signal.SIGKILL),
     "kill-rollout": ProcessFault("generate_sequences", signal.SIGKILL),
-    "hang": ProcessFault("update_actor", signal.SIGSTOP),
+    "hang": ProcessFault("update_actor", signal.SIGSTOP, bound_s=HANG_STOP_BOUND_S),
     "node-loss": ProcessFault("update_actor", signal.SIGKILL, node=True),
 }
 #: The step the faults hit; global_step_<STEP - 1> is the checkpoint the relaunch resumes from.
@@ -188,7 +197,7 @@ def plant(
     what = f"the raylet of node {node_ip} (pid {victim})" if fault.node else f"worker pid {victim}"
     try:
         stop_s = time_to_stop(
-            driver, lambda: workers | node_processes | {p.pid for p in scope.left()}, since, log, STOP_BOUND_S
+            driver, lambda: workers | node_processes | {p.pid for p in scope.left()}, since, log, fault.bound_s
         )
     finally:
         if fault.signal == signal.SIGSTOP and psutil.pid_exists(victim):

@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from r1_ascend.rehearse.config import Plan, with_overrides
+from r1_ascend.rehearse.config import WATCHDOG, Plan, with_overrides
 from r1_ascend.rehearse.faults import (
     RELAUNCH_BOUND_S,
     STOP_BOUND_S,
@@ -31,6 +31,7 @@ from r1_ascend.rehearse.faults import (
     plan_for,
     worker_pids,
 )
+from r1_ascend.rehearse.process_faults import HANG_STOP_BOUND_S, PROCESS_FAULTS
 from r1_ascend.rehearse.progress import RehearsalError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "patches"))
@@ -47,6 +48,16 @@ def test_fault_plans_are_short_and_keep_what_the_671b_config_keeps() -> None:
         assert (plan.total_steps, plan.save_freq, plan.max_ckpt_to_keep, plan.min_reward_rise) == (2, 1, 1, None)
     plan = plan_for("corrupt-latest", Plan())
     assert (plan.total_steps, plan.save_freq, plan.max_ckpt_to_keep) == (3, 1, 2)
+
+
+def test_only_the_watchdog_can_stop_a_hang_so_its_bound_follows_the_silence_limit() -> None:
+    """The hang's bound leaves the watchdog its silence limit, a poll, a probe and the stop, and is tighter than the
+    other faults' (a watchdog that waited twice its limit would fail it); the control waits that long."""
+    silence = WATCHDOG["silence_s"]
+    assert silence + WATCHDOG["poll_s"] + 5 < HANG_STOP_BOUND_S < 2 * silence + 30 <= STOP_BOUND_S
+    assert PROCESS_FAULTS["hang"].bound_s == HANG_STOP_BOUND_S
+    others = {name: fault.bound_s for name, fault in PROCESS_FAULTS.items() if name != "hang"}
+    assert set(others.values()) == {STOP_BOUND_S}
 
 
 def test_resume_overrides_replace_the_launch_scripts_own() -> None:
@@ -151,7 +162,7 @@ def test_a_lost_or_stuck_worker_stops_the_run_clearly_and_it_resumes(
 ) -> None:
     summary = fault_run(tmp_path / "out", name)
     fault = summary["fault"]
-    assert fault["time_to_stop_s"] < STOP_BOUND_S
+    assert fault["time_to_stop_s"] < PROCESS_FAULTS[name].bound_s
     assert fault["error"].startswith(f"WorkerLostError: the run stopped in training step 2, stage {stage}")
     assert stage in fault["signalled"]
     assert names in fault["error"]
@@ -167,15 +178,15 @@ def test_a_lost_or_stuck_worker_stops_the_run_clearly_and_it_resumes(
 def test_without_the_watchdog_a_hang_is_not_stopped(
     tmp_path: Path, weights: Path, rehearse, nothing_left, announced_temp_dir
 ) -> None:
-    """The hang is stopped by the watchdog alone: switched off, nothing notices a stopped worker (the rehearsal then
-    ends the process it stopped)."""
+    """The hang is stopped by the watchdog alone: switched off, nothing notices a stopped worker within the hang's
+    bound (the rehearsal then ends the process it stopped)."""
     out = tmp_path / "out"
     began = time.time()
     done = rehearse(
         "--fault", "hang", "--output-dir", str(out), "--weights", str(weights), "r1_ascend.watchdog.enabled=false"
     )
     assert done.returncode == 1, (done.stdout + done.stderr)[-3000:]
-    assert f"still runs {STOP_BOUND_S:g} s after the fault" in done.stderr
+    assert f"still runs {HANG_STOP_BOUND_S:g} s after the fault" in done.stderr
     left = [p for p in worker_pids(out) if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert left == [], f"the rehearsal left processes of the hung run: {left}"
     nothing_left({"ray_temp_dir": announced_temp_dir(done.stdout), "netns": None}, began)
