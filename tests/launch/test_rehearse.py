@@ -201,10 +201,9 @@ def test_rehearsal_config_composes_and_passes_the_recipe_checks(tmp_path: Path) 
     assert modules == ["r1_ascend.patches.prelude", "r1_ascend.rehearse.worker_hooks"]
 
 
-@pytest.mark.parametrize(("steps", "save", "judged"), [(10, 5, True), (12, 6, True), (4, 2, False), (2, 1, False)])
-def test_steps_set_the_kill_and_whether_learning_is_judged(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, steps: int, save: int, judged: bool
-) -> None:
+def plans_handed_over(monkeypatch: pytest.MonkeyPatch) -> list[Plan]:
+    """The plans ``r1-ascend rehearse`` hands to the run, which then stops at once (``main`` returns 1): what its
+    arguments became, without starting anything."""
     from r1_ascend.rehearse import run
 
     seen: list[Plan] = []
@@ -214,6 +213,16 @@ def test_steps_set_the_kill_and_whether_learning_is_judged(
         raise run.RehearsalError("stopped by the test")
 
     monkeypatch.setattr(run, "rehearse", capture)
+    return seen
+
+
+@pytest.mark.parametrize(("steps", "save", "judged"), [(10, 5, True), (12, 6, True), (4, 2, False), (2, 1, False)])
+def test_steps_set_the_kill_and_whether_learning_is_judged(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, steps: int, save: int, judged: bool
+) -> None:
+    from r1_ascend.rehearse import run
+
+    seen = plans_handed_over(monkeypatch)
     assert run.main(["--output-dir", str(tmp_path), "--steps", str(steps)]) == 1
     (plan,) = seen
     assert (plan.total_steps, plan.save_freq, plan.test_freq) == (steps, save, save)
@@ -269,13 +278,7 @@ def test_layouts_the_world_cannot_hold_are_refused_before_anything_starts(
 ) -> None:
     from r1_ascend.rehearse import run
 
-    seen: list[Plan] = []
-
-    def capture(out: Path, plan: Plan, *_: object) -> dict:
-        seen.append(plan)
-        raise run.RehearsalError("stopped by the test")
-
-    monkeypatch.setattr(run, "rehearse", capture)
+    seen = plans_handed_over(monkeypatch)
     if accepted:
         assert run.main(["--output-dir", str(tmp_path), *argv]) == 1
         (plan,) = seen

@@ -20,9 +20,9 @@ import psutil
 import pytest
 
 from r1_ascend.patches.rules.checkpoints import read_tracker
-from r1_ascend.rehearse.faults import STOP_BOUND_S
+from r1_ascend.rehearse.faults import STOP_BOUND_S, wait_until
 from r1_ascend.rehearse.lifecycle import read_lifecycle
-from r1_ascend.rehearse.process_faults import with_descendants
+from r1_ascend.rehearse.process_faults import stage_entered, with_descendants
 
 pytestmark = pytest.mark.machine
 
@@ -44,7 +44,13 @@ def test_a_worker_killed_from_outside_stops_the_rehearsal_clearly_and_resume_fin
     step, stage = chooser.choice([1, 2]), chooser.choice(["generate_sequences", "update_actor"])
     delay = chooser.uniform(0.0, 0.5)
     try:
-        entered = _wait_until(lambda: _stage_entered(out, stage, step), 600, rehearsal)
+        entered = wait_until(
+            lambda: stage_entered(out, stage, step, 0.0) or rehearsal.poll() is not None,
+            f"a worker entering {stage} in step {step}",
+            600,
+            0.2,
+        )
+        assert isinstance(entered, dict), f"the rehearsal exited with {rehearsal.returncode} before training"
         time.sleep(delay)
         workers = sorted({int(e["pid"]) for e in read_lifecycle(out / "lifecycle") if e["event"] == "release"})
         victim = chooser.choice(workers)
@@ -74,26 +80,3 @@ def test_a_worker_killed_from_outside_stops_the_rehearsal_clearly_and_resume_fin
     expected = tracked if isinstance(tracked, int) else 0
     assert resumed["resumed_from_step"] == expected, (entered, stage, step, delay, tracked)
     nothing_left(resumed, began)
-
-
-def _stage_entered(out: Path, stage: str, step: int) -> dict | None:
-    records = read_lifecycle(out / "lifecycle") if (out / "lifecycle").is_dir() else []
-    return next(
-        (
-            e
-            for e in records
-            if e["event"] == "stage" and e.get("stage") == stage and e.get("phase") == "enter" and e.get("step") == step
-        ),
-        None,
-    )
-
-
-def _wait_until(predicate, timeout: float, process: subprocess.Popen) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = predicate()
-        if found:
-            return found
-        assert process.poll() is None, f"the rehearsal exited with {process.returncode} before training"
-        time.sleep(0.2)
-    raise AssertionError(f"not reached within {timeout:g} s")
