@@ -2,7 +2,9 @@
 and MindSpeed.
 
 Patch modules have no import side effects; ``apply_all`` (called once per process by
-``r1_ascend.patches.prelude``) applies them in registry order. See README.md's patch table and docs/patches.md.
+``r1_ascend.patches.prelude``) applies them in registry order: each target is replaced at once if its module is
+imported, else right after the process imports it (``install_on_import``), so a process imports nothing to patch
+it. See README.md's patch table and docs/patches.md.
 
 The public surface: the names below (registry, installer, errors), the patch modules themselves, ``prelude``,
 ``rules`` (each patch's pure "what is valid" logic), ``source_check`` (targets checked in upstream source) and
@@ -43,7 +45,16 @@ from ._errors import (
     WeightSyncError,
     WorkerLostError,
 )
-from ._install import get_original, install, installed_targets, patched_by, restore_all
+from ._install import (
+    get_original,
+    install,
+    install_on_import,
+    installed_targets,
+    modules_needed,
+    patched_by,
+    restore_all,
+    waiting_targets,
+)
 from ._registry import PATCHES, PROCESSES, PatchSpec, spec_by_module, spec_by_name
 from ._target import Target, check_signature, read_target, resolve_owner
 
@@ -83,7 +94,9 @@ __all__ = [
     "forget_applied",
     "get_original",
     "install",
+    "install_on_import",
     "installed_targets",
+    "modules_needed",
     "patched_by",
     "read_target",
     "resolve_owner",
@@ -91,4 +104,5 @@ __all__ = [
     "spec_by_module",
     "spec_by_name",
     "summary_line",
+    "waiting_targets",
 ]

@@ -12,10 +12,13 @@ from dataclasses import dataclass
 
 from r1_ascend.stack import installed_version
 
-from ._errors import PatchError, PatchVersionError
+from ._errors import PatchError, PatchTargetError, PatchVersionError
+from ._import_hooks import is_imported
+from ._install import modules_needed
 from ._registry import PATCHES, PatchSpec
-from ._target import check_signature, disable_hint, read_target
+from ._target import check_signature, disable_hint, read_target, version_hint
 from .rules.switches import read_switches
+from .source_check import check_static
 
 logger = logging.getLogger(__name__)
 
@@ -54,12 +57,22 @@ def _version_mismatch(patch: str, dist: str, wanted: str, found: str | None) -> 
 
 
 def check_targets(spec: PatchSpec) -> None:
-    """Resolve every declared target strictly before anything is installed, so a patch with several targets is
-    never left half-applied by drift in one of them (``PatchTargetError`` naming target, versions and switch)."""
+    """Check every declared target before anything is installed, so a patch with several targets is never left
+    half-applied by drift in one of them (``PatchTargetError`` naming target, versions and switch).
+
+    A target whose modules this process has imported is resolved strictly, as the installer will; one whose
+    modules it has not is checked in the installed source, without importing them (the installer resolves it
+    strictly once they are imported)."""
     for target in spec.targets:
-        current = read_target(target, patch=spec.name)
-        if not target.is_dict_entry:
-            check_signature(target, current, patch=spec.name)
+        if all(is_imported(module) for module in modules_needed(target)):
+            current = read_target(target, patch=spec.name)
+            if not target.is_dict_entry:
+                check_signature(target, current, patch=spec.name)
+            continue
+        found = check_static(target)
+        if not found.ok:
+            msg = f"patch {spec.name!r}: target {target.path} does not match the installed source: {found.detail}"
+            raise PatchTargetError(f"{msg}. {version_hint(target)} {disable_hint(spec.name)}")
 
 
 def apply_one(spec: PatchSpec) -> Status:

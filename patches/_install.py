@@ -2,7 +2,9 @@
 
 ``install`` resolves a target strictly, keeps the original (first original wins, so re-applying never wraps a
 wrapper), marks the replacement with the patch name, rebinds the declared aliases and is idempotent.
-``restore_all`` undoes everything, newest first (tests use it to leave upstream untouched).
+``install_on_import`` does the same once the target's module and its aliases' modules have been imported, so a
+process patches only what it imports. ``restore_all`` undoes everything, newest first, and drops what is still
+waiting for an import (tests use it to leave upstream untouched).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from . import _import_hooks as import_hooks
 from ._errors import PatchTargetError
 from ._target import Target, check_signature, disable_hint, read_target, resolve_owner
 
@@ -34,8 +37,16 @@ class _Record:
     alias_owners: tuple[tuple[Any, str], ...]
 
 
+@dataclass(frozen=True)
+class _Waiting:
+    patch: str
+    target: Target
+    build: Callable[[Any], Any]
+
+
 _lock = threading.RLock()
 _records: dict[str, _Record] = {}  # target path -> record, in installation order
+_waiting: dict[str, _Waiting] = {}  # target path -> install waiting for its modules, in registration order
 
 
 def install(patch: str, target: Target, build: Callable[[Any], Any]) -> Any:
@@ -74,6 +85,55 @@ def install(patch: str, target: Target, build: Callable[[Any], Any]) -> Any:
         return replacement
 
 
+def modules_needed(target: Target) -> tuple[str, ...]:
+    """The modules that must have been imported before ``target`` can be replaced: its own and its aliases'."""
+    alias_modules = (alias.partition(":")[0] for alias in target.aliases)
+    return tuple(dict.fromkeys((target.module, *alias_modules)))
+
+
+def install_on_import(patch: str, target: Target, build: Callable[[Any], Any]) -> bool:
+    """``install`` now if every module of :func:`modules_needed` has been imported (True), else right after the
+    last of them finishes importing (False). An install that fails then makes that import raise."""
+    modules = modules_needed(target)
+    with _lock:
+        if all(import_hooks.is_imported(module) for module in modules):
+            ready = True
+        else:
+            ready = False
+            waiting = _waiting.get(target.path)
+            if waiting is not None and waiting.patch != patch:
+                msg = f"patch {patch!r}: {target.path} is already to be replaced by patch {waiting.patch!r}"
+                raise PatchTargetError(msg)
+            _waiting[target.path] = _Waiting(patch, target, build)
+    if ready:
+        install(patch, target, build)
+        return True
+    for module in modules:
+        import_hooks.when_imported(module, _install_ready)
+    return False
+
+
+def _install_ready(imported: str) -> None:
+    """Install, in registration order, every waiting target whose modules have all been imported now."""
+    with _lock:
+        ready = [
+            waiting
+            for waiting in _waiting.values()
+            if imported in modules_needed(waiting.target)
+            and all(import_hooks.is_imported(module) for module in modules_needed(waiting.target))
+        ]
+    for waiting in ready:
+        install(waiting.patch, waiting.target, waiting.build)
+        with _lock:
+            _waiting.pop(waiting.target.path, None)
+
+
+def waiting_targets(patch: str | None = None) -> list[str]:
+    """Targets declared but not replaced yet because their modules have not been imported in this process."""
+    with _lock:
+        return [path for path, waiting in _waiting.items() if patch is None or waiting.patch == patch]
+
+
 def get_original(target: Target | str) -> Any:
     """The upstream object a patch replaced (``KeyError`` if the target is not patched)."""
     path = target.path if isinstance(target, Target) else target
@@ -93,8 +153,10 @@ def installed_targets(patch: str | None = None) -> list[str]:
 
 
 def restore_all() -> None:
-    """Put every original back, newest first, and forget all records."""
+    """Put every original back, newest first, forget all records and drop the installs still waiting."""
     with _lock:
+        _waiting.clear()
+        import_hooks.forget([_install_ready])
         for record in reversed(list(_records.values())):
             _bind(record.owner, record.name, record.target, record.original)
             for alias_owner, alias_name in record.alias_owners:

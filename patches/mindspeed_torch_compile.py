@@ -60,7 +60,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ._errors import PatchTargetError
-from ._install import install
+from ._install import install_on_import
 from ._registry import PatchSpec, spec_by_module
 
 logger = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ def apply(spec: PatchSpec) -> None:
 
         return _build_rollout
 
-    install(spec.name, spec.target("ActorRolloutRefWorker._build_rollout"), build)
+    install_on_import(spec.name, spec.target("ActorRolloutRefWorker._build_rollout"), build)
 
 
 def mindspeed_compile_entry(*, mindspeed_commit: str = "(unpinned)") -> Any:

@@ -65,7 +65,7 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import CheckpointResumeError, CheckpointSaveError
-from ._install import install
+from ._install import install_on_import
 from ._registry import PatchSpec, spec_by_module
 from .rules.checkpoints import inspect_step, read_tracker, resume_decision, stale_steps
 
@@ -76,9 +76,9 @@ NAME = spec_by_module(__name__).name
 
 
 def apply(spec: PatchSpec) -> None:
-    install(spec.name, spec.target("MegatronCheckpointManager.save_checkpoint"), _build_manager_save)
-    install(spec.name, spec.target("RayPPOTrainer._save_checkpoint"), _build_trainer_save)
-    install(spec.name, spec.target("RayPPOTrainer._load_checkpoint"), _build_trainer_load)
+    install_on_import(spec.name, spec.target("MegatronCheckpointManager.save_checkpoint"), _build_manager_save)
+    install_on_import(spec.name, spec.target("RayPPOTrainer._save_checkpoint"), _build_trainer_save)
+    install_on_import(spec.name, spec.target("RayPPOTrainer._load_checkpoint"), _build_trainer_load)
 
 
 # --- worker: never delete before saving ---------------------------------------------------------------------------

@@ -61,7 +61,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._errors import PatchError
-from ._install import install
+from ._install import install_on_import
 from ._registry import PatchSpec, spec_by_module
 from .rules.group_routing import GROUP_TOPK, NUM_GROUPS, is_deepseek_v3, routing_overrides
 
@@ -70,7 +70,7 @@ NAME = spec_by_module(__name__).name
 
 
 def apply(spec: PatchSpec) -> None:
-    install(spec.name, spec.target("hf_to_mcore_config"), _build_hf_to_mcore_config)
+    install_on_import(spec.name, spec.target("hf_to_mcore_config"), _build_hf_to_mcore_config)
 
 
 def _build_hf_to_mcore_config(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -62,7 +62,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ._install import install
+from ._install import install_on_import
 from ._registry import PatchSpec, spec_by_module
 from .rules import expert_load as rule
 
@@ -111,8 +111,8 @@ _counts = _Counts()
 
 
 def apply(spec: PatchSpec) -> None:
-    install(spec.name, spec.target("get_updated_expert_bias"), _build_get_updated_expert_bias)
-    install(spec.name, spec.target("MegatronPPOActor.update_policy"), _build_update_policy)
+    install_on_import(spec.name, spec.target("get_updated_expert_bias"), _build_get_updated_expert_bias)
+    install_on_import(spec.name, spec.target("MegatronPPOActor.update_policy"), _build_update_policy)
 
 
 def _build_get_updated_expert_bias(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -68,7 +68,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ._errors import PatchError
-from ._install import install
+from ._install import install_on_import
 from ._registry import PatchSpec, spec_by_module
 
 logger = logging.getLogger(__name__)
@@ -93,10 +93,10 @@ driver_shortcut_on: contextvars.ContextVar[bool] = contextvars.ContextVar("r1_as
 
 
 def apply(spec: PatchSpec) -> None:
-    install(spec.name, spec.target("RayPPOTrainer.init_workers"), _build_init_workers)
-    install(spec.name, spec.target("MegatronPPOActor.forward_backward_batch"), _build_forward_backward_batch)
-    install(spec.name, spec.target("get_policy_loss_fn"), _build_get_policy_loss_fn)
-    install(spec.name, spec.target("Tracking.log"), _build_tracking_log)
+    install_on_import(spec.name, spec.target("RayPPOTrainer.init_workers"), _build_init_workers)
+    install_on_import(spec.name, spec.target("MegatronPPOActor.forward_backward_batch"), _build_forward_backward_batch)
+    install_on_import(spec.name, spec.target("get_policy_loss_fn"), _build_get_policy_loss_fn)
+    install_on_import(spec.name, spec.target("Tracking.log"), _build_tracking_log)
 
 
 # --- the decision (driver) ----------------------------------------------------------------------------------------

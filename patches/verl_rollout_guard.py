@@ -65,7 +65,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ._install import install
+from ._install import install_on_import
 from ._registry import PatchSpec, spec_by_module
 from .rules import rollout_guard as guard
 
@@ -79,9 +79,9 @@ GREEDY_EPS = 1e-5
 
 
 def apply(spec: PatchSpec) -> None:
-    install(spec.name, spec.target("RayPPOTrainer.fit"), _build_fit)
-    install(spec.name, spec.target("compute_rollout_corr_metrics_from_logprobs"), _build_metrics_fn)
-    install(spec.name, spec.target("Sampler.forward"), _build_sampler_forward)
+    install_on_import(spec.name, spec.target("RayPPOTrainer.fit"), _build_fit)
+    install_on_import(spec.name, spec.target("compute_rollout_corr_metrics_from_logprobs"), _build_metrics_fn)
+    install_on_import(spec.name, spec.target("Sampler.forward"), _build_sampler_forward)
 
 
 # --- driver ----------------------------------------------------------------------------------------------------

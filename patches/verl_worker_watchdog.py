@@ -61,7 +61,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ._install import install
+from ._install import install_on_import
 from ._registry import PatchSpec, spec_by_module
 from .impl.children import end_children_with_this_process
 from .rules.watchdog import BEAT_S, MONITOR_NAME
@@ -78,7 +78,9 @@ STAGE_LISTENERS: list[Callable[[str, str, int | None], None]] = []
 
 def apply(spec: PatchSpec) -> None:
     for stage in STAGES:
-        install(spec.name, spec.target(f"ActorRolloutRefWorker.{stage}"), functools.partial(_build_stage, stage))
+        install_on_import(
+            spec.name, spec.target(f"ActorRolloutRefWorker.{stage}"), functools.partial(_build_stage, stage)
+        )
 
 
 class _Heart:

@@ -67,7 +67,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._errors import PatchTargetError, TorchairGraphConfigError
-from ._install import install
+from ._install import install_on_import
 from ._registry import PatchSpec, spec_by_module
 from ._target import disable_hint
 
@@ -96,7 +96,7 @@ UPSTREAM_GLOBALS = ("torch", "torchair", "patch_for_hcom", "get_ascend_config", 
 
 
 def apply(spec: PatchSpec) -> None:
-    install(spec.name, spec.target(METHOD), build)
+    install_on_import(spec.name, spec.target(METHOD), build)
 
 
 def upstream_statements(func: Callable[..., Any]) -> set[str]:

@@ -58,7 +58,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from ._install import install
+from ._install import install_on_import
 from ._registry import PatchSpec, spec_by_module
 
 #: This patch's registry name (the R1_ASCEND_DISABLE token).
@@ -66,7 +66,7 @@ NAME = spec_by_module(__name__).name
 
 
 def apply(spec: PatchSpec) -> None:
-    install(spec.name, spec.target("vLLMRollout.__init__"), _build_init)
+    install_on_import(spec.name, spec.target("vLLMRollout.__init__"), _build_init)
 
 
 def _build_init(original: Callable[..., None]) -> Callable[..., None]:

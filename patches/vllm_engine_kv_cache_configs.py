@@ -52,7 +52,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._errors import KVCacheConfigError
-from ._install import install
+from ._install import install_on_import
 from ._registry import PatchSpec, spec_by_module
 
 logger = logging.getLogger(__name__)
@@ -142,5 +142,5 @@ def build(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def apply(spec: PatchSpec) -> None:
-    install(spec.name, spec.target("unify_kv_cache_configs"), build_unify)
-    install(spec.name, spec.target("EngineCore._initialize_kv_caches"), build)
+    install_on_import(spec.name, spec.target("unify_kv_cache_configs"), build_unify)
+    install_on_import(spec.name, spec.target("EngineCore._initialize_kv_caches"), build)

@@ -52,7 +52,7 @@ from __future__ import annotations
 import importlib
 
 from ._errors import PatchTargetError
-from ._install import install
+from ._install import install_on_import
 from ._registry import PatchSpec, spec_by_module
 from ._target import disable_hint
 
@@ -77,7 +77,7 @@ def build(original: str) -> str:
 
 
 def apply(spec: PatchSpec) -> None:
-    install(spec.name, spec.target("_ROLLOUT_REGISTRY"), build)
+    install_on_import(spec.name, spec.target("_ROLLOUT_REGISTRY"), build)
 
 
 def rollout_class() -> type:

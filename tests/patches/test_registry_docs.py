@@ -57,7 +57,8 @@ def test_patch_declared_versions_are_the_pins(name: str) -> None:
 
 @pytest.mark.parametrize("name", PATCH_NAMES)
 def test_patch_module_follows_the_convention(name: str) -> None:
-    """One way to write a patch module: ``install`` from ``._install``, the name from the registry, never a literal."""
+    """One way to write a patch module: ``install_on_import`` from ``._install`` (a process patches only what it
+    imports, never ``install``, which imports the target), the name from the registry, never a literal."""
     path = REPO_ROOT / "patches" / f"{name}.py"
     tree = ast.parse(path.read_text(encoding="utf-8"))
     imports = {
@@ -66,10 +67,14 @@ def test_patch_module_follows_the_convention(name: str) -> None:
         if isinstance(node, ast.ImportFrom)
         for alias in node.names
     }
-    assert (1, "_install", "install") in imports, f"{name}: import install as `from ._install import install`"
+    assert (1, "_install", "install_on_import") in imports, (
+        f"{name}: import install_on_import as `from ._install import install_on_import`"
+    )
     assert (1, "_registry", "spec_by_module") in imports, f"{name}: take NAME from `spec_by_module(__name__)`"
-    others = {(level, module) for level, module, alias in imports if alias == "install"} - {(1, "_install")}
-    assert not others, f"{name}: install imported another way too: {others}"
+    eager = {(level, module) for level, module, alias in imports if alias == "install"}
+    assert not eager, f"{name}: imports the eager install ({eager}); use install_on_import"
+    others = {(level, module) for level, module, alias in imports if alias == "install_on_import"} - {(1, "_install")}
+    assert not others, f"{name}: install_on_import imported another way too: {others}"
     module = importlib.import_module(f"r1_ascend.patches.{name}")
     assert name == module.NAME, f"{name}: NAME is {module.NAME!r}"
     docstring = ast.get_docstring(tree, clean=False)
