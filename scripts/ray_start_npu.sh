@@ -224,7 +224,7 @@ if [[ "${role}" == head ]]; then
                 break
             fi
             kill -0 "$(cat "${pidfile}")" 2>/dev/null || break
-            sleep 1
+            sleep 0.2
         done
         (( head_started )) && break
         if kill -0 "$(cat "${pidfile}")" 2>/dev/null; then

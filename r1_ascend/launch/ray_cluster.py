@@ -21,7 +21,8 @@ import psutil
 
 from r1_ascend.recipe.driver_address import connect_error
 
-POLL_SECONDS = 2.0
+#: Seconds between looks at the cluster's nodes (a GCS query): a node's start and the launch wait for them.
+POLL_SECONDS = 0.5
 #: Seconds one look waits for the head's GCS port to accept a connection.
 CONNECT_SECONDS = 2.0
 
