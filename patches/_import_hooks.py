@@ -59,11 +59,6 @@ def forget(callbacks: Sequence[Callback] | None = None) -> None:
                 del _callbacks[name]
 
 
-def watched() -> list[str]:
-    with _lock:
-        return sorted(_callbacks)
-
-
 def _ensure_finder() -> None:
     if not any(isinstance(finder, _NotifyingFinder) for finder in sys.meta_path):
         sys.meta_path.insert(0, _NotifyingFinder())
