@@ -51,8 +51,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3, help="fresh processes per case and variant (median)")
     args = parser.parse_args()
-    every_target = "; ".join(f"import {module}" for module in target_modules())
-    print(f"{len(target_modules())} target modules; {args.repeat} fresh processes each, interleaved; medians")
+    modules = target_modules()
+    every_target = "; ".join(f"import {module}" for module in modules)
+    print(f"{len(modules)} target modules; {args.repeat} fresh processes each, interleaved; medians")
     for name, code in CASES.items():
         samples: dict[str, list[tuple[float, float]]] = {"on import": [], "every target": []}
         for _ in range(args.repeat):

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from r1_ascend.stack import installed_version
 
 from ._errors import PatchError, PatchTargetError, PatchVersionError
-from ._import_hooks import is_imported
-from ._install import modules_needed
+from ._install import modules_imported
 from ._registry import PATCHES, PatchSpec
 from ._target import check_signature, disable_hint, read_target, version_hint
 from .rules.switches import read_switches
@@ -64,7 +63,7 @@ def check_targets(spec: PatchSpec) -> None:
     modules it has not is checked in the installed source, without importing them (the installer resolves it
     strictly once they are imported)."""
     for target in spec.targets:
-        if all(is_imported(module) for module in modules_needed(target)):
+        if modules_imported(target):
             current = read_target(target, patch=spec.name)
             if not target.is_dict_entry:
                 check_signature(target, current, patch=spec.name)

@@ -1,12 +1,12 @@
 """Run a callback when a module has finished importing (at once if it already has).
 
 The installer uses it to replace a target when its module is first imported instead of importing every patched
-module in every process: the driver and verl's TaskRunner never import vLLM, and importing it only to patch it
-cost each of them about 4 CPU-seconds at start-up. One finder at the front of ``sys.meta_path`` asks the finders
-behind it for the spec of a watched module and wraps its loader so that, right after the module's code ran and
-before any importer gets it, the callbacks run. The module keeps its own loader (``__loader__``,
-``__spec__.loader``). A callback that raises makes the import raise, so a drifted target fails loudly where it
-would be used.
+module in every process: the driver and verl's TaskRunner never import vLLM, and importing every target cost them
+7.3 and 4.6 CPU-seconds at start-up (benchmarks/prelude_startup_bench.py). One finder at the front of
+``sys.meta_path`` asks the finders behind it for the spec of a watched module and wraps its loader so that, right
+after the module's code ran and before any importer gets it, the callbacks run. The module keeps its own loader
+(``__loader__``, ``__spec__.loader``). A callback that raises makes the import raise, so a drifted target fails
+loudly where it would be used.
 """
 
 from __future__ import annotations

@@ -91,12 +91,16 @@ def modules_needed(target: Target) -> tuple[str, ...]:
     return tuple(dict.fromkeys((target.module, *alias_modules)))
 
 
+def modules_imported(target: Target) -> bool:
+    """Whether every module of :func:`modules_needed` has finished importing in this process."""
+    return all(import_hooks.is_imported(module) for module in modules_needed(target))
+
+
 def install_on_import(patch: str, target: Target, build: Callable[[Any], Any]) -> bool:
-    """``install`` now if every module of :func:`modules_needed` has been imported (True), else right after the
-    last of them finishes importing (False). An install that fails then makes that import raise."""
-    modules = modules_needed(target)
+    """``install`` now if :func:`modules_imported` (True), else right after the last of the modules it needs
+    finishes importing (False). An install that fails then makes that import raise."""
     with _lock:
-        if all(import_hooks.is_imported(module) for module in modules):
+        if modules_imported(target):
             ready = True
         else:
             ready = False
@@ -108,7 +112,7 @@ def install_on_import(patch: str, target: Target, build: Callable[[Any], Any]) -
     if ready:
         install(patch, target, build)
         return True
-    for module in modules:
+    for module in modules_needed(target):
         import_hooks.when_imported(module, _install_ready)
     return False
 
@@ -119,8 +123,7 @@ def _install_ready(imported: str) -> None:
         ready = [
             waiting
             for waiting in _waiting.values()
-            if imported in modules_needed(waiting.target)
-            and all(import_hooks.is_imported(module) for module in modules_needed(waiting.target))
+            if imported in modules_needed(waiting.target) and modules_imported(waiting.target)
         ]
     for waiting in ready:
         install(waiting.patch, waiting.target, waiting.build)

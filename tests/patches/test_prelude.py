@@ -89,6 +89,31 @@ def _run_child(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def test_the_prelude_imports_nothing_to_patch_and_the_driver_no_vllm() -> None:
+    """In a fresh process like the driver's: the prelude imports no upstream package and every target waits;
+    verl's ``main_ppo`` (all the driver imports) replaces the trainer's targets and still imports no vLLM, whose
+    own targets are replaced when the process imports it."""
+    code = """
+import sys
+import r1_ascend.patches.prelude
+from r1_ascend.patches import PATCHES, installed_targets, patched_by, waiting_targets
+upstream = ("torch", "verl", "vllm", "vllm_ascend", "megatron")
+assert not [m for m in upstream if m in sys.modules], [m for m in upstream if m in sys.modules]
+assert installed_targets() == [], installed_targets()
+declared = sorted(t.path for spec in PATCHES for t in spec.targets)
+assert sorted(waiting_targets()) == declared, waiting_targets()
+import verl.trainer.main_ppo
+assert "vllm" not in sys.modules
+assert "verl.trainer.ppo.ray_trainer.RayPPOTrainer.fit" in installed_targets()
+import vllm.v1.sample.sampler as sampler
+assert patched_by(sampler.Sampler.forward) == "verl_rollout_guard"
+print("ok")
+"""
+    done = _run_child(code)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().endswith("ok")
+
+
 REPORT = "from r1_ascend.patches import applied_names; print('APPLIED', ','.join(applied_names()))"
 
 
