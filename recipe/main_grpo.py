@@ -23,6 +23,7 @@ from r1_ascend.patches.rules.watchdog import Beat, WatchdogConfig
 from r1_ascend.recipe import diagnosis, watchdog
 from r1_ascend.recipe.checks import check_recipe_config
 from r1_ascend.recipe.driver_address import check_driver_can_join
+from r1_ascend.recipe.reward_file import resolve_in_config
 from r1_ascend.recipe.runtime_env import add_overlay_to_config
 
 logger = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ def prepare_config(config: Any) -> Any:
     with open_dict(config):
         if OmegaConf.select(config, "actor_rollout_ref.rollout.mode", default=None) is None:
             OmegaConf.update(config, "actor_rollout_ref.rollout.mode", "sync", force_add=True)
+        resolve_in_config(config)  # verl loads the reward by file path: the installed module's file
     add_overlay_to_config(config)
     return config
 

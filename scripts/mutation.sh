@@ -8,7 +8,7 @@
 # Installs requirements/mutation.txt (mutmut, pinned) into .venv on first use. mutmut 3 copies the source into
 # mutants/ and puts that copy first on sys.path. The tests import patches/, recipe/ and data/ as r1_ascend.patches,
 # r1_ascend.recipe and r1_ascend.data (pyproject's package-dir), so each module is staged afresh in
-# .mutation/<module>/ in that import layout (r1_ascend/patches/...): there, mutmut's copy is what the tests import.
+# .mutation/<module>/ in that import layout (src/r1_ascend/ as r1_ascend/, patches/ as r1_ascend/patches/, ...): there, mutmut's copy is what the tests import.
 # Each mutant runs the fast tests of its module's list that call the mutated function (mutmut records which test
 # calls which function), one process at a time, under nice; test_rehearse_verdicts.py's own mutation checks (they
 # exec edited copies of the verdicts, which mutmut's trampolines do not let them replace) are left out. Per module: .mutation/<module>/results.txt (every
@@ -33,15 +33,15 @@ rules/rollout_config|patches/rules/rollout_config.py|tests/patches/test_vllm_rol
 rules/rollout_guard|patches/rules/rollout_guard.py|tests/patches/test_verl_rollout_guard.py tests/patches/test_rollout_guard_rules.py|
 rules/switches|patches/rules/switches.py|tests/patches/test_rules.py tests/patches/test_switch_rules.py|
 rules/watchdog|patches/rules/watchdog.py|tests/patches/test_verl_worker_watchdog.py tests/patches/test_watchdog_rules.py|
-launch/pitfalls|r1_ascend/launch/pitfalls.py|tests/launch/test_pitfall_boundaries.py|
-rehearse/verdicts|r1_ascend/rehearse/verdicts.py|tests/launch/test_rehearse_verdicts.py tests/launch/test_rehearse_verdict_boundaries.py tests/launch/test_rehearse_faults.py tests/launch/test_model_summary.py tests/launch/test_judge_training.py|
-rehearse/lifecycle|r1_ascend/rehearse/lifecycle.py|tests/launch/test_rehearse_verdicts.py tests/launch/test_rehearse_verdict_boundaries.py tests/launch/test_rehearse_faults.py tests/launch/test_loading_verdict.py tests/launch/test_sampling_verdict.py tests/launch/test_fault_verdicts.py|
-rehearse/training|r1_ascend/rehearse/training.py|tests/launch/test_rehearse_training.py tests/launch/test_rehearse_training_boundaries.py|
-rehearse/faults|r1_ascend/rehearse/faults.py|tests/launch/test_rehearse_faults.py tests/launch/test_fault_verdicts.py|plan_for|check_kept|check_refusal|require_complete|error_line|time_to_stop|running
-rehearse/process_faults|r1_ascend/rehearse/process_faults.py|tests/launch/test_rehearse_faults.py tests/launch/test_fault_verdicts.py tests/launch/test_fault_hold.py|plan_for|stage_entered|with_descendants|raylet_of
+launch/pitfalls|src/r1_ascend/launch/pitfalls.py|tests/launch/test_pitfall_boundaries.py|
+rehearse/verdicts|src/r1_ascend/rehearse/verdicts.py|tests/launch/test_rehearse_verdicts.py tests/launch/test_rehearse_verdict_boundaries.py tests/launch/test_rehearse_faults.py tests/launch/test_model_summary.py tests/launch/test_judge_training.py|
+rehearse/lifecycle|src/r1_ascend/rehearse/lifecycle.py|tests/launch/test_rehearse_verdicts.py tests/launch/test_rehearse_verdict_boundaries.py tests/launch/test_rehearse_faults.py tests/launch/test_loading_verdict.py tests/launch/test_sampling_verdict.py tests/launch/test_fault_verdicts.py|
+rehearse/training|src/r1_ascend/rehearse/training.py|tests/launch/test_rehearse_training.py tests/launch/test_rehearse_training_boundaries.py|
+rehearse/faults|src/r1_ascend/rehearse/faults.py|tests/launch/test_rehearse_faults.py tests/launch/test_fault_verdicts.py|plan_for|check_kept|check_refusal|require_complete|error_line|time_to_stop|running
+rehearse/process_faults|src/r1_ascend/rehearse/process_faults.py|tests/launch/test_rehearse_faults.py tests/launch/test_fault_verdicts.py tests/launch/test_fault_hold.py|plan_for|stage_entered|with_descendants|raylet_of
 recipe/watchdog|recipe/watchdog.py|tests/recipe/test_watchdog.py tests/recipe/test_watchdog_decisions.py|
-weights/ckpt_root|r1_ascend/weights/ckpt_root.py|tests/weights/test_ckpt_root.py tests/weights/test_ckpt_root_boundaries.py|
-report/compare|r1_ascend/report/compare.py|tests/report/test_compare.py tests/report/test_compare_stages.py tests/report/test_compare_boundaries.py|
+weights/ckpt_root|src/r1_ascend/weights/ckpt_root.py|tests/weights/test_ckpt_root.py tests/weights/test_ckpt_root_boundaries.py|
+report/compare|src/r1_ascend/report/compare.py|tests/report/test_compare.py tests/report/test_compare_stages.py tests/report/test_compare_boundaries.py|
 "
 
 installed="$("${python}" -m pip show mutmut 2>/dev/null || true)"
@@ -59,12 +59,12 @@ stage() {
     local staged tests=()
     rm -rf "${dir}"
     mkdir -p "${dir}"
-    cp -r r1_ascend "${dir}/r1_ascend"
+    cp -r src/r1_ascend "${dir}/r1_ascend"
     for package in patches recipe data; do
         cp -r "${package}" "${dir}/r1_ascend/${package}"
     done
     # the folders as well, unchanged, for tests that read them by path (recipe/config/*.yaml, ...)
-    cp -r patches recipe data tests docs scripts requirements benchmarks conftest.py pyproject.toml README.md \
+    cp -r src patches recipe data tests docs scripts requirements benchmarks conftest.py pyproject.toml README.md \
         Dockerfile "${dir}/"
     find "${dir}" -name __pycache__ -prune -exec rm -rf {} +
     # mutmut runs pytest many times in one process: Hypothesis then sees a test class's method called from several
@@ -82,6 +82,7 @@ settings.load_profile("mutation")
 PROFILE
     case "${source}" in
         patches/* | recipe/* | data/*) staged="r1_ascend/${source}" ;;
+        src/*) staged="${source#src/}" ;;
         *) staged="${source}" ;;
     esac
     for test in "$@"; do
@@ -93,7 +94,7 @@ PROFILE
 [tool.mutmut]
 source_paths = ["r1_ascend"]
 only_mutate = ["${staged}"]
-also_copy = ["conftest.py", "patches", "recipe", "data", "docs", "scripts", "requirements", "benchmarks", "README.md",
+also_copy = ["conftest.py", "src", "patches", "recipe", "data", "docs", "scripts", "requirements", "benchmarks", "README.md",
     "Dockerfile"]
 pytest_add_cli_args_test_selection = ["-m", "not slow", "-k", "not test_weakening_a_check_is_caught", ${tests[*]}]
 EOF

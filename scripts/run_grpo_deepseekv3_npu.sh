@@ -30,8 +30,7 @@ done
 source "${repo_root}/scripts/npu_env.sh"
 export TENSORBOARD_DIR="${TENSORBOARD_DIR:-${output_dir}/tensorboard/${config}}"
 
-overrides=("custom_reward_function.path=${repo_root}/recipe/deepscaler_reward.py")
-overrides+=("trainer.default_local_dir=${output_dir}/checkpoints/${config}")
+overrides=("trainer.default_local_dir=${output_dir}/checkpoints/${config}")
 if [[ -n "${MODEL_PATH:-}" ]]; then
     overrides+=("actor_rollout_ref.model.path=${MODEL_PATH}")
 fi

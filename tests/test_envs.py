@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from r1_ascend import envs
 
 ROOT = Path(__file__).resolve().parents[1]
-ENVS_FILE = "r1_ascend/envs.py"
+ENVS_FILE = "src/r1_ascend/envs.py"
 PROJECT_PREFIX = re.compile(r"R1_ASCEND_[A-Z0-9_]+")
 
 

@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 #: Folder (as git lists it) -> the package it installs as (pyproject.toml ``package-dir``).
 PACKAGE_DIRS = {
-    "r1_ascend": "r1_ascend",
+    "src/r1_ascend": "r1_ascend",
     "patches": "r1_ascend.patches",
     "recipe": "r1_ascend.recipe",
     "data": "r1_ascend.data",
@@ -55,7 +55,14 @@ ALLOWED = {
     TESTING: {BASE, PATCHES, DATA, RECIPE, PLATFORM, TOOLS, TESTING},
     TESTS: {BASE, PATCHES, DATA, RECIPE, PLATFORM, TOOLS, TESTING, TESTS},
 }
-BASE_MODULES = ("r1_ascend.envs", "r1_ascend.stack", "r1_ascend.atomic", "r1_ascend.parallel", "r1_ascend.ports")
+BASE_MODULES = (
+    "r1_ascend.envs",
+    "r1_ascend.stack",
+    "r1_ascend.atomic",
+    "r1_ascend.parallel",
+    "r1_ascend.ports",
+    "r1_ascend.checkout",
+)
 TOOL_MODULES = (
     "r1_ascend.launch",
     "r1_ascend.weights",
@@ -66,7 +73,7 @@ TOOL_MODULES = (
     "r1_ascend.mindspeed_source",
 )
 #: The rehearsal's CPU site: a tool that stands in for the NPU machine, so it may use the test support.
-REHEARSAL_SITE = "r1_ascend/rehearse/site/"
+REHEARSAL_SITE = "src/r1_ascend/rehearse/site/"
 
 
 @dataclass(frozen=True)
@@ -83,10 +90,11 @@ def _under(name: str, prefix: str) -> bool:
 def module_name(path: str) -> str | None:
     """The dotted module a tracked file installs as, or None for files outside the packages (tests, scripts)."""
     parts = path.removesuffix(".py").split("/")
-    package = PACKAGE_DIRS.get(parts[0])
-    if package is None:
+    folder = next((f for f in PACKAGE_DIRS if parts[: f.count("/") + 1] == f.split("/")), None)
+    if folder is None:
         return None
-    rest = parts[1:]
+    package = PACKAGE_DIRS[folder]
+    rest = parts[folder.count("/") + 1 :]
     if rest and rest[-1] == "__init__":
         rest = rest[:-1]
     return ".".join([package, *rest])
@@ -242,38 +250,46 @@ def test_every_import_follows_the_layers() -> None:
 @pytest.mark.parametrize(
     ("path", "source", "expected"),
     [
-        ("r1_ascend/launch/new.py", "from r1_ascend.patches._apply import resolve\n", "private to r1_ascend.patches"),
+        (
+            "src/r1_ascend/launch/new.py",
+            "from r1_ascend.patches._apply import resolve\n",
+            "private to r1_ascend.patches",
+        ),
         ("tests/launch/test_new.py", "from r1_ascend.patches import _apply\n", "private to r1_ascend.patches"),
         ("conftest.py", "def f():\n    from r1_ascend.patches._target import Target\n", "private"),
         ("patches/new.py", "from r1_ascend.launch import checks\n", "patches may not import tools"),
-        ("r1_ascend/stack.py", "import r1_ascend.patches\n", "base may not import patches"),
+        ("src/r1_ascend/stack.py", "import r1_ascend.patches\n", "base may not import patches"),
         ("recipe/new.py", "from r1_ascend.launch.layout import x\n", "recipe may not import tools"),
         ("data/new.py", "from r1_ascend.recipe import checks\n", "data may not import recipe"),
-        ("r1_ascend/doctor.py", "def f():\n    from r1_ascend.testing import npu_stub\n", "may not import testing"),
+        ("src/r1_ascend/doctor.py", "def f():\n    from r1_ascend.testing import npu_stub\n", "may not import testing"),
         ("patches/rules/new.py", "from ...launch import checks\n", "patches may not import tools"),
         ("recipe/new.py", "from r1_ascend.patches.rules import _hidden\n", "private to r1_ascend.patches"),
-        ("r1_ascend/rehearse/new.py", "from r1_ascend.rehearse.run import _log\n", "private to r1_ascend.rehearse.run"),
-        ("r1_ascend/launch/new.py", "from r1_ascend.weights import _inner\n", "private to r1_ascend.weights"),
+        (
+            "src/r1_ascend/rehearse/new.py",
+            "from r1_ascend.rehearse.run import _log\n",
+            "private to r1_ascend.rehearse.run",
+        ),
+        ("src/r1_ascend/launch/new.py", "from r1_ascend.weights import _inner\n", "private to r1_ascend.weights"),
         ("recipe/new.py", "from .watchdog import _decide\n", "private to r1_ascend.recipe.watchdog"),
     ],
 )
 def test_a_forbidden_import_is_reported(path: str, source: str, expected: str) -> None:
     """The checker trips on each kind of rule break (so the test above can fail)."""
-    files = {path: source, "r1_ascend/launch/checks.py": "", "patches/rules/__init__.py": ""}
+    files = {path: source, "src/r1_ascend/launch/checks.py": "", "patches/rules/__init__.py": ""}
     problems = violations(files)
     assert any(expected in problem for problem in problems), problems
 
 
 def test_allowed_imports_are_not_reported() -> None:
     files = {
-        "r1_ascend/launch/new.py": "from r1_ascend.patches.rules.dp_layout import rollout_dp_size\n",
+        "src/r1_ascend/launch/new.py": "from r1_ascend.patches.rules.dp_layout import rollout_dp_size\n",
         "recipe/new.py": "from r1_ascend.data import files\nfrom r1_ascend import envs\n",
         "patches/new.py": "from ._apply import apply_all\nfrom r1_ascend import envs\n",
         "tests/patches/test_new.py": "from r1_ascend.patches.impl import dp_net\n",
-        "r1_ascend/rehearse/site/sitecustomize.py": "from r1_ascend.testing import npu_stub\n",
-        "r1_ascend/weights/__init__.py": "from r1_ascend.weights._inner import x\n",  # a package's own private module
-        "r1_ascend/weights/_inner.py": "from r1_ascend.weights._inner import _y\n",  # a module's own private name
-        "r1_ascend/envs.py": "",
+        "src/r1_ascend/rehearse/site/sitecustomize.py": "from r1_ascend.testing import npu_stub\n",
+        "src/r1_ascend/weights/__init__.py": "from r1_ascend.weights._inner import x\n",  # its own private module
+        "src/r1_ascend/weights/_inner.py": "from r1_ascend.weights._inner import _y\n",  # a module's own private name
+        "src/r1_ascend/envs.py": "",
         "data/files.py": "",
     }
     assert violations(files) == []
@@ -286,22 +302,22 @@ def test_no_import_cycle() -> None:
 @pytest.mark.parametrize(
     "files",
     [
-        {"r1_ascend/a.py": "from r1_ascend import b\n", "r1_ascend/b.py": "import r1_ascend.a\n"},
+        {"src/r1_ascend/a.py": "from r1_ascend import b\n", "src/r1_ascend/b.py": "import r1_ascend.a\n"},
         # a dispatch import inside a function closes the cycle too
         {
-            "r1_ascend/a.py": "def f():\n    from r1_ascend.b import g\n",
-            "r1_ascend/b.py": "from r1_ascend.a import f\n",
+            "src/r1_ascend/a.py": "def f():\n    from r1_ascend.b import g\n",
+            "src/r1_ascend/b.py": "from r1_ascend.a import f\n",
         },
         {
-            "r1_ascend/r/a.py": "from r1_ascend.r.b import x\n",
-            "r1_ascend/r/b.py": "from .c import y\n",
-            "r1_ascend/r/c.py": "from r1_ascend.r import a\n",
+            "src/r1_ascend/r/a.py": "from r1_ascend.r.b import x\n",
+            "src/r1_ascend/r/b.py": "from .c import y\n",
+            "src/r1_ascend/r/c.py": "from r1_ascend.r import a\n",
         },
         {
-            "r1_ascend/report/x.py": (
+            "src/r1_ascend/report/x.py": (
                 "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from r1_ascend.report.y import Y\n"
             ),
-            "r1_ascend/report/y.py": "from r1_ascend.report.x import X\n",
+            "src/r1_ascend/report/y.py": "from r1_ascend.report.x import X\n",
         },
     ],
 )
@@ -314,11 +330,11 @@ def test_an_import_cycle_is_reported(files: dict[str, str]) -> None:
 
 def test_imports_without_a_cycle_are_not_reported() -> None:
     files = {
-        "r1_ascend/r/__init__.py": "",
-        "r1_ascend/r/run.py": "from r1_ascend.r import cluster, verdicts\n",
-        "r1_ascend/r/cluster.py": "from r1_ascend.r.progress import log\n",
-        "r1_ascend/r/verdicts.py": "from r1_ascend.r.progress import log\nfrom r1_ascend.r import cluster\n",
-        "r1_ascend/r/progress.py": "import r1_ascend\n",
+        "src/r1_ascend/r/__init__.py": "",
+        "src/r1_ascend/r/run.py": "from r1_ascend.r import cluster, verdicts\n",
+        "src/r1_ascend/r/cluster.py": "from r1_ascend.r.progress import log\n",
+        "src/r1_ascend/r/verdicts.py": "from r1_ascend.r.progress import log\nfrom r1_ascend.r import cluster\n",
+        "src/r1_ascend/r/progress.py": "import r1_ascend\n",
     }
     assert import_cycle(files) is None
 

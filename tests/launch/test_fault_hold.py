@@ -129,7 +129,7 @@ def test_every_process_fault_run_holds_its_stage_of_its_step(name: str, tmp_path
     assert dataclasses.replace(plan, hold_at=None) == faults.plan_for(name, Plan())  # otherwise the same plan
     inputs = Inputs(tmp_path / "model", tmp_path / "mcore", tmp_path / "data")
     env = f"+ray_kwargs.ray_init.runtime_env.env_vars.{envs.R1_ASCEND_REHEARSE_HOLD}='{plan.hold_at}'"
-    assert env in overrides(plan, inputs, tmp_path, Path.cwd())
+    assert env in overrides(plan, inputs, tmp_path)
 
 
 @pytest.mark.parametrize("name", faults.FAULTS)
@@ -137,7 +137,7 @@ def test_checkpoint_fault_runs_hold_nothing(name: str, tmp_path: Path) -> None:
     plan = faults.plan_for(name, Plan())
     assert plan.hold_at is None
     inputs = Inputs(tmp_path / "model", tmp_path / "mcore", tmp_path / "data")
-    assert not [o for o in overrides(plan, inputs, tmp_path, Path.cwd()) if envs.R1_ASCEND_REHEARSE_HOLD in o]
+    assert not [o for o in overrides(plan, inputs, tmp_path) if envs.R1_ASCEND_REHEARSE_HOLD in o]
 
 
 def test_releasing_lets_every_later_entry_go_on_even_without_records_yet(

@@ -105,7 +105,7 @@ def test_671b_settings():
     assert c.trainer.resume_mode == "auto"
     assert list(c.trainer.logger) == ["console", "tensorboard"]
     assert c.data.reward_fn_key == "data_source"
-    assert c.custom_reward_function.path == "recipe/deepscaler_reward.py"
+    assert c.custom_reward_function.path == "pkg://r1_ascend.recipe.deepscaler_reward"
     assert c.custom_reward_function.name == "compute_score"
 
 

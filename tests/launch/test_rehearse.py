@@ -180,7 +180,7 @@ def test_rehearsal_config_composes_and_passes_the_recipe_checks(tmp_path: Path) 
     plan = Plan()
     inputs = Inputs(tmp_path / "model", tmp_path / "mcore", tmp_path / "data")
     with initialize_config_dir(CONFIG_DIR, version_base=None):
-        config = compose(CONFIG_NAME, overrides=overrides(plan, inputs, tmp_path, Path.cwd()))
+        config = compose(CONFIG_NAME, overrides=overrides(plan, inputs, tmp_path))
     assert config.trainer.nnodes * config.trainer.n_gpus_per_node == plan.world
     megatron = config.actor_rollout_ref.actor.megatron
     assert megatron.use_dist_checkpointing

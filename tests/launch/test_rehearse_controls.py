@@ -96,8 +96,8 @@ def test_a_control_must_stay_flat(curve: dict[int, float], flat: bool) -> None:
 def test_the_shuffle_switch_reaches_the_workers_environment_and_nothing_else_does(tmp_path: Path) -> None:
     key = f"runtime_env.env_vars.{envs.R1_ASCEND_REHEARSE_SHUFFLE_REWARDS}='1'"
     inputs = Inputs(tmp_path / "model", tmp_path / "mcore", tmp_path / "data")
-    assert any(key in o for o in overrides(Plan(shuffle_rewards=True), inputs, tmp_path, tmp_path))
-    assert not any(envs.R1_ASCEND_REHEARSE_SHUFFLE_REWARDS in o for o in overrides(Plan(), inputs, tmp_path, tmp_path))
+    assert any(key in o for o in overrides(Plan(shuffle_rewards=True), inputs, tmp_path))
+    assert not any(envs.R1_ASCEND_REHEARSE_SHUFFLE_REWARDS in o for o in overrides(Plan(), inputs, tmp_path))
     assert envs.rehearse_shuffle_rewards({envs.R1_ASCEND_REHEARSE_SHUFFLE_REWARDS: "1"})
     assert not envs.rehearse_shuffle_rewards({})
     assert not envs.rehearse_shuffle_rewards({envs.R1_ASCEND_REHEARSE_SHUFFLE_REWARDS: "0"})

@@ -25,7 +25,7 @@ from r1_ascend.rehearse.toy_task import LEAD_CHARS, PRED_MAX_CHARS, SCORE_KEYS, 
 pytestmark = pytest.mark.machine
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-TOY_TASK_FILE = REPO_ROOT / "r1_ascend" / "rehearse" / "toy_task.py"
+TOY_TASK_FILE = REPO_ROOT / "src" / "r1_ascend" / "rehearse" / "toy_task.py"
 
 
 def _score(response: object, truth: object = "7") -> dict:

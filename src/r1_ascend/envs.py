@@ -46,6 +46,10 @@ RAY_ADDRESS = "RAY_ADDRESS"
 #: Seconds the driver keeps trying ``RAY_ADDRESS`` before failing with the address in the message.
 R1_ASCEND_RAY_CONNECT_TIMEOUT = "R1_ASCEND_RAY_CONNECT_TIMEOUT"
 RAY_CONNECT_TIMEOUT_DEFAULT_S = 30.0
+#: The r1-ascend checkout whose ``scripts/`` the commands that start processes use (``r1-ascend rehearse`` runs
+#: ``scripts/ray_start_npu.sh``). Set by the image (``/opt/r1-ascend``) and exported by the scripts. Unset: the
+#: checkout the package was installed from in editable mode, if any.
+R1_ASCEND_HOME = "R1_ASCEND_HOME"
 #: Directory the CPU rehearsal's stand-in workers append their lifecycle records to (set by ``r1-ascend rehearse``
 #: in the Ray runtime env). Unset: nothing is recorded.
 R1_ASCEND_REHEARSE_DIR = "R1_ASCEND_REHEARSE_DIR"
@@ -214,3 +218,8 @@ def rehearse_hold(environ: Mapping[str, str] | None = None) -> tuple[str, int] |
 def rehearse_dir(environ: Mapping[str, str] | None = None) -> str | None:
     """The rehearsal's lifecycle record directory, or None when nothing is to be recorded."""
     return _env(environ).get(R1_ASCEND_REHEARSE_DIR) or None
+
+
+def project_home(environ: Mapping[str, str] | None = None) -> str | None:
+    """The checkout named by ``R1_ASCEND_HOME``, or None when unset."""
+    return _env(environ).get(R1_ASCEND_HOME) or None

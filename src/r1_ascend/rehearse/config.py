@@ -128,7 +128,7 @@ def node_ip(index: int) -> str:
 WATCHDOG = {"silence_s": 30, "stage_s": 600, "poll_s": 2}
 
 
-def overrides(plan: Plan, inputs: Inputs, out: Path, repo_root: Path) -> list[str]:
+def overrides(plan: Plan, inputs: Inputs, out: Path) -> list[str]:
     """Hydra overrides on top of the smoke config (each line: what and why)."""
     world = plan.world
     return [
@@ -137,7 +137,7 @@ def overrides(plan: Plan, inputs: Inputs, out: Path, repo_root: Path) -> list[st
         f"actor_rollout_ref.actor.megatron.dist_checkpointing_path={inputs.dist_ckpt}",
         f"data.train_files={inputs.parquet('train')}",
         f"data.val_files={inputs.parquet('val')}",
-        f"custom_reward_function.path={repo_root / 'r1_ascend' / 'rehearse' / 'toy_task.py'}",
+        "custom_reward_function.path=pkg://r1_ascend.rehearse.toy_task",
         # cluster: NODES x NPUS_PER_NODE fake NPUs instead of one 16-die node
         f"trainer.nnodes={plan.nodes}",
         f"trainer.n_gpus_per_node={plan.npus_per_node}",
@@ -248,13 +248,11 @@ def seed_overrides(seed: int | None) -> list[str]:
     ]
 
 
-def driver_command(
-    python: str, plan: Plan, inputs: Inputs, out: Path, repo_root: Path, extra: Sequence[str] = ()
-) -> list[str]:
+def driver_command(python: str, plan: Plan, inputs: Inputs, out: Path, extra: Sequence[str] = ()) -> list[str]:
     """The recipe's real entry point, as scripts/run_grpo_smoke_npu.sh runs it; ``extra`` overrides replace the
     rehearsal's own for the same key (Hydra refuses a key given twice)."""
     command = [python, "-m", "r1_ascend.recipe.main_grpo", "--config-name", CONFIG_NAME]
-    return with_overrides([*command, *overrides(plan, inputs, out, repo_root)], [*plan.overrides, *extra])
+    return with_overrides([*command, *overrides(plan, inputs, out)], [*plan.overrides, *extra])
 
 
 def with_overrides(command: Sequence[str], extra: Sequence[str]) -> list[str]:

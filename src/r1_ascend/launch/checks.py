@@ -22,6 +22,7 @@ from r1_ascend.launch.units import human_count, plural
 from r1_ascend.parallel import Layout, LayoutError
 from r1_ascend.patches.rules.checkpoints import resume_decision
 from r1_ascend.patches.rules.dp_layout import DpEpConfigError, check_env_dp_size, rollout_dp_size
+from r1_ascend.recipe.reward_file import RewardFileError, resolve_in_config
 from r1_ascend.weights.manifest import read_megatron_manifest
 
 ERROR, WARNING, OK, SKIPPED = "error", "warning", "ok", "skipped"
@@ -46,6 +47,7 @@ class Run:
     config_name: str = ""
     model: ModelInfo | None = None
     model_error: str | None = None
+    reward_error: str | None = None
     train: Layout | None = None
     rollout: Layout | None = None
     stages: list[int] | None = None
@@ -57,8 +59,13 @@ class Run:
 
 
 def prepare(run: Run) -> None:
-    """Derive the model info and layouts once; failures are reported by the checks that need them."""
+    """Derive the model info and layouts once; failures are reported by the checks that need them. A
+    ``pkg://`` reward path becomes the installed module's file, as the recipe entry point makes it."""
     cfg = run.config
+    try:
+        resolve_in_config(cfg)
+    except RewardFileError as exc:
+        run.reward_error = str(exc)
     path = cfg.actor_rollout_ref.model.path
     if path:
         try:
@@ -615,8 +622,13 @@ def check_trainer(run: Run) -> Iterator[Finding]:
     if cfg.data.reward_fn_key != "data_source":
         warnings.append(f"data.reward_fn_key={cfg.data.reward_fn_key}; the shipped data sets data_source")
     reward = cfg.custom_reward_function.path
-    if reward and not Path(str(reward)).expanduser().is_file():
-        problems.append(f"custom_reward_function.path {reward} does not exist (relative paths: from the repo root)")
+    if run.reward_error:
+        problems.append(run.reward_error)
+    elif reward and not Path(str(reward)).expanduser().is_file():
+        problems.append(
+            f"custom_reward_function.path {reward} does not exist (a relative path is read from the directory the "
+            "run starts in; name a module with pkg://MODULE or give an absolute path)"
+        )
     if "wandb" in list(trainer.logger):
         warnings.append("trainer.logger includes wandb, which needs network access; offline use console,tensorboard")
     for problem in problems:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import psutil
 
+from r1_ascend.checkout import script
 from r1_ascend.patches.rules.checkpoints import TRACKER, tracker_written_at
 from r1_ascend.ports import unused_local_port
 from r1_ascend.rehearse.budget import RssSampler
@@ -35,9 +36,12 @@ from r1_ascend.rehearse.inputs import make_inputs
 from r1_ascend.rehearse.lifecycle import read_lifecycle
 from r1_ascend.rehearse.progress import RehearsalError, log_progress, read_log
 
-REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "scripts" / "ray_start_npu.sh"
 SITE = Path(__file__).resolve().parent / "site"
+
+
+def node_script() -> Path:
+    """``scripts/ray_start_npu.sh`` of the checkout (``R1_ASCEND_HOME``, or the one the package runs from)."""
+    return script("ray_start_npu.sh")
 
 
 def with_site(env: Mapping[str, str]) -> dict[str, str]:
@@ -174,7 +178,7 @@ def start_cluster(cluster: Cluster, head_log: Path) -> subprocess.Popen:
     """Start the head (which will exec the driver once every node joined), then the other nodes."""
     head_env = cluster.envs[0]
     with head_log.open("w") as log:
-        head = subprocess.Popen([*cluster.prefix, "bash", str(SCRIPT)], env=head_env, stdout=log, stderr=log)
+        head = subprocess.Popen([*cluster.prefix, "bash", str(node_script())], env=head_env, stdout=log, stderr=log)
     cluster.drivers.append(head)  # after the exec, this pid is the driver of run 1
     ray_log = node_dir(cluster.out, cluster.head_ip) / f"ray-head-{cluster.head_ip}.log"
     wait_for(lambda: "Ray runtime started" in read_log(ray_log), "the Ray head to start", 180, head, head_log)
@@ -186,7 +190,7 @@ def start_cluster(cluster: Cluster, head_log: Path) -> subprocess.Popen:
 def join_node(cluster: Cluster, env: dict[str, str]) -> None:
     """Start Ray on a non-head node (``ray_start_npu.sh`` returns once it joined)."""
     done = subprocess.run(
-        [*cluster.prefix, "bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=240, check=False
+        [*cluster.prefix, "bash", str(node_script())], env=env, capture_output=True, text=True, timeout=240, check=False
     )
     (node_dir(cluster.out, env["NODE_IP"]) / "start.log").write_text(done.stdout + done.stderr)
     if done.returncode != 0:
@@ -203,7 +207,7 @@ def rejoin_node(cluster: Cluster, env: dict[str, str]) -> None:
 def stop_node(cluster: Cluster, env: dict[str, str]) -> None:
     """``ray_start_npu.sh stop`` on one node: it stops the pids that node's start recorded."""
     subprocess.run(
-        [*cluster.prefix, "bash", str(SCRIPT), "stop"], env=env, capture_output=True, timeout=120, check=False
+        [*cluster.prefix, "bash", str(node_script()), "stop"], env=env, capture_output=True, timeout=120, check=False
     )
 
 
@@ -291,7 +295,7 @@ def prepare(out: Path, plan: Plan, weights: Path | None) -> Path:
     except FileNotFoundError as exc:
         raise RehearsalError(str(exc)) from None
     (out / PLAN_FILE).write_text(json.dumps(dataclasses.asdict(plan), indent=2) + "\n")
-    return write_launch(out / "launch.sh", driver_command(sys.executable, plan, inputs, out, REPO))
+    return write_launch(out / "launch.sh", driver_command(sys.executable, plan, inputs, out))
 
 
 def write_launch(path: Path, command: list[str]) -> Path:
