@@ -1,5 +1,5 @@
-# r1-ascend image for Atlas 800T A3 (CANN 8.2.RC1, Python 3.11) with the pinned stack of r1_ascend/stack.toml.
-# Every ARG below equals its pin in r1_ascend/stack.toml (tests/launch/test_dockerfile.py checks it).
+# r1-ascend image for Atlas 800T A3 (CANN 8.2.RC1, Python 3.11) with the pinned stack of src/r1_ascend/stack.toml.
+# Every ARG below equals its pin in src/r1_ascend/stack.toml (tests/launch/test_dockerfile.py checks it).
 #
 #   docker build -t r1-ascend:0.1.0 .
 #   docker run ... (docs/launch.md "Container")
@@ -28,6 +28,7 @@ ARG TENSORDICT_VERSION=0.9.1
 ARG NUMPY_VERSION=1.26.4
 ARG PYARROW_VERSION=20.0.0
 ARG MATHRULER_VERSION=0.1.0
+ARG PYLATEXENC_VERSION=2.11
 # The A3 (Ascend 910C) SoC name for vllm-ascend's kernel build; `npu-smi info` on an A3 node shows the chip name
 # (vllm-ascend documents A3 as ascend910_93xx). Override with --build-arg SOC_VERSION=... if yours differs.
 ARG SOC_VERSION=ascend910_9391
@@ -38,18 +39,7 @@ ENV PIP_INDEX_URL=${PIP_INDEX_URL} \
     PYTHONUNBUFFERED=1
 
 # Shallow-clone a ref and check that HEAD is the expected commit (full SHA, or a prefix for a tag).
-RUN printf '%s\n' \
-    '#!/usr/bin/env bash' \
-    'set -euo pipefail' \
-    'repo="$1"; ref="$2"; dest="$3"; want="${4:-$2}"' \
-    'git init -q "$dest"' \
-    'git -C "$dest" remote add origin "$repo"' \
-    'git -C "$dest" fetch -q --depth 1 origin "$ref"' \
-    'git -C "$dest" checkout -q FETCH_HEAD' \
-    'got="$(git -C "$dest" rev-parse HEAD)"' \
-    'if [[ "$want" =~ ^[0-9a-f]{7,40}$ && "$got" != "$want"* ]]; then echo "$repo@$ref is $got, expected $want" >&2; exit 1; fi' \
-    'echo "$repo@$ref -> $got"' \
-    > /usr/local/bin/clone-pinned && chmod +x /usr/local/bin/clone-pinned
+COPY scripts/clone_pinned.sh /usr/local/bin/clone-pinned
 
 # 1. torch + torch_npu (CPU wheel index for torch: no CUDA build on an NPU image).
 RUN pip install "torch==${TORCH_VERSION}" "torchvision<0.21.0" --extra-index-url https://download.pytorch.org/whl/cpu \
@@ -60,34 +50,36 @@ RUN pip install "megatron-core==${MEGATRON_CORE_VERSION}" "numpy==${NUMPY_VERSIO
 
 # 3. vLLM from source without device code, then remove triton (it breaks torch_npu's inductor path).
 RUN clone-pinned "${VLLM_REPO}" "${VLLM_REF}" /opt/vllm \
- && cd /opt/vllm \
- && VLLM_TARGET_DEVICE=empty pip install -v . --extra-index-url https://download.pytorch.org/whl/cpu \
+ && VLLM_TARGET_DEVICE=empty pip install -v /opt/vllm --extra-index-url https://download.pytorch.org/whl/cpu \
  && pip uninstall -y triton \
  && python -c "import importlib.metadata as m; v = m.version('vllm'); assert v.startswith('${VLLM_VERSION}'), v"
 
 # 4. vllm-ascend with its custom kernels, compiled against CANN.
 RUN clone-pinned "${VLLM_ASCEND_REPO}" "${VLLM_ASCEND_REF}" /opt/vllm-ascend "${VLLM_ASCEND_COMMIT_PREFIX}" \
- && cd /opt/vllm-ascend \
- && set +u && source /usr/local/Ascend/ascend-toolkit/set_env.sh && set -u \
- && export LD_LIBRARY_PATH="/usr/local/Ascend/ascend-toolkit/latest/$(uname -m)-linux/devlib:${LD_LIBRARY_PATH:-}" \
- && COMPILE_CUSTOM_KERNELS=1 SOC_VERSION="${SOC_VERSION}" pip install -v . \
+ && set +u && . /usr/local/Ascend/ascend-toolkit/set_env.sh && set -u \
+ && arch="$(uname -m)" \
+ && export LD_LIBRARY_PATH="/usr/local/Ascend/ascend-toolkit/latest/${arch}-linux/devlib:${LD_LIBRARY_PATH:-}" \
+ && COMPILE_CUSTOM_KERNELS=1 SOC_VERSION="${SOC_VERSION}" pip install -v /opt/vllm-ascend \
  && python -c "import importlib.metadata as m; v = m.version('vllm_ascend'); assert v.startswith('${VLLM_ASCEND_VERSION}'), v"
 
 # 5. MindSpeed at its full commit (no release tag at the pin), editable as upstream expects.
+# hadolint ignore=DL3013
 RUN clone-pinned "${MINDSPEED_REPO}" "${MINDSPEED_COMMIT}" /opt/MindSpeed "${MINDSPEED_COMMIT}" \
  && pip install -e /opt/MindSpeed "numpy==${NUMPY_VERSION}"
 
 # 6. verl and the exact Python pins (verl's own dependency ranges resolve to a different era).
 RUN pip install "verl==${VERL_VERSION}" \
       "transformers==${TRANSFORMERS_VERSION}" "ray[default]==${RAY_VERSION}" "tensordict==${TENSORDICT_VERSION}" \
-      "numpy==${NUMPY_VERSION}" "pyarrow==${PYARROW_VERSION}" "mathruler==${MATHRULER_VERSION}" pylatexenc \
+      "numpy==${NUMPY_VERSION}" "pyarrow==${PYARROW_VERSION}" "mathruler==${MATHRULER_VERSION}" "pylatexenc==${PYLATEXENC_VERSION}" \
       "megatron-core==${MEGATRON_CORE_VERSION}" "torch==${TORCH_VERSION}" \
       --extra-index-url https://download.pytorch.org/whl/cpu \
  && pip uninstall -y triton
 
-# 7. r1-ascend itself (scripts and configs are used from /opt/r1-ascend).
+# 7. r1-ascend itself, non-editable: the package from the wheel, the scripts from /opt/r1-ascend/scripts (the package
+# lives in src/, so nothing in the working directory shadows it; tests/launch/test_installed.py replays this step).
 WORKDIR /opt/r1-ascend
 COPY . /opt/r1-ascend
+# hadolint ignore=DL3013
 RUN pip install --no-deps . \
  && python -m r1_ascend.cli doctor
 

@@ -49,8 +49,8 @@ def check_versions(spec: PatchSpec) -> None:
 def _version_mismatch(patch: str, dist: str, wanted: str, found: str | None) -> str:
     installed = "not installed" if found is None else found
     fix = (
-        "Install the pinned stack (r1_ascend/stack.toml), or, if you are upgrading, check the patch's 'Remove when' "
-        f"condition and disable it with R1_ASCEND_DISABLE={patch}."
+        "Install the pinned stack (src/r1_ascend/stack.toml), or, if you are upgrading, check the patch's "
+        f"'Remove when' condition and disable it with R1_ASCEND_DISABLE={patch}."
     )
     return f"patch {patch!r} was written for {dist}=={wanted}, but {dist} is {installed}. {fix}"
 

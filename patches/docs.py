@@ -1,6 +1,6 @@
 """Read the fixed headings of a patch module's docstring (the single source of each patch's documentation), and
-render the README's generated tables: ``python -m r1_ascend.patches.docs`` prints the patch table,
-``python -m r1_ascend.patches.docs versions`` the version table."""
+render the generated tables: ``python -m r1_ascend.patches.docs`` prints the patch table of docs/patches.md,
+``python -m r1_ascend.patches.docs versions`` the README's version table."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def patch_doc_sections(module_name: str) -> dict[str, str]:
 
 
 def render_patch_table() -> str:
-    """The README patch table (between the ``patch-table`` markers), generated from registry and docstrings."""
+    """The patch table of docs/patches.md (between the ``patch-table`` markers), from registry and docstrings."""
     from ._registry import PATCHES
 
     lines = [

@@ -90,7 +90,7 @@ def apply(spec: PatchSpec) -> None:
 def mindspeed_compile_entry(*, mindspeed_commit: str = "(unpinned)") -> Any:
     """MindSpeed's ``Patch`` object for ``torch.compile``; a clear ``PatchTargetError`` if there is none."""
     fix = (
-        f"Install MindSpeed at commit {mindspeed_commit} (r1_ascend/stack.toml; `r1-ascend doctor` checks it), or "
+        f"Install MindSpeed at commit {mindspeed_commit} (src/r1_ascend/stack.toml; `r1-ascend doctor` checks it), or "
         f"disable this patch with R1_ASCEND_DISABLE={NAME} (the rollout then runs TorchAir uncompiled)."
     )
     try:

@@ -316,11 +316,16 @@ def describe_loss(
     )
 
 
+#: How a run is relaunched after a failure (docs/launch.md "When a run stops").
+RELAUNCH = "bash scripts/ray_start_npu.sh restart on the head, the workers stay joined; one node: the run script again"
+
+
 def resume_advice(checkpoint_root: Path) -> str:
     """What the relaunch will do with the checkpoints under ``checkpoint_root`` (the end of every loss message)."""
     decision = resume_decision(checkpoint_root)
+    relaunch = f"relaunch ({RELAUNCH})"
     if decision.ok and decision.step:
-        return f"relaunch the same command: it resumes from global_step_{decision.step} under {checkpoint_root}"
+        return f"{relaunch}: it resumes from global_step_{decision.step} under {checkpoint_root}"
     if decision.ok:
-        return f"relaunch the same command: no checkpoint was saved yet under {checkpoint_root}, it starts at step 0"
+        return f"{relaunch}: no checkpoint was saved yet under {checkpoint_root}, it starts at step 0"
     return f"the relaunch will refuse to resume: {decision.message}"

@@ -17,6 +17,7 @@ set -euo pipefail
 
 # shellcheck source=scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+enter_checkout
 
 python="$(cd "${venv}" && pwd)/bin/python"
 work="${repo_root}/.mutation"

@@ -8,6 +8,7 @@ set -euo pipefail
 
 # shellcheck source=scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+enter_checkout
 
 python_bin="${PYTHON:-python3.11}"
 stamp="${venv}/.r1-ascend-setup.sha256"

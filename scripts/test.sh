@@ -13,6 +13,7 @@ set -euo pipefail
 
 # shellcheck source=scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+enter_checkout
 
 tier=(-m "not slow")
 if [[ "${1:-}" == "--all" ]]; then
@@ -28,6 +29,9 @@ echo "test: ruff"
 
 echo "test: shellcheck"
 "${venv}/bin/shellcheck" scripts/*.sh .ci/run
+
+echo "test: hadolint"
+"${venv}/bin/hadolint" Dockerfile
 
 workers="${R1_ASCEND_TEST_WORKERS:-2}"
 echo "test: pytest (${tier[*]:-all tests}; ${workers} workers)"

@@ -1,4 +1,4 @@
-"""``r1_ascend/envs.py`` is the one place the project's Python code reads its environment variables.
+"""``src/r1_ascend/envs.py`` is the one place the project's Python code reads its environment variables.
 
 The scan parses every Python file of the project (tests aside) and looks for reads of a project variable:
 ``X.get(NAME)``, ``X.getenv(NAME)``, ``X[NAME]`` and ``NAME in X``, where ``NAME`` is a string literal, a module-level
@@ -90,7 +90,7 @@ def test_project_variables_are_read_only_in_envs() -> None:
         for path in files
         for line, name in variable_reads(path.read_text(encoding="utf-8"))
     ]
-    assert not outside, "read these through an accessor of r1_ascend/envs.py:\n" + "\n".join(outside)
+    assert not outside, "read these through an accessor of src/r1_ascend/envs.py:\n" + "\n".join(outside)
 
 
 @pytest.mark.parametrize(

@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     environment = environment_rows(npu_present)
     patches = patch_rows(deep=args.deep)
     print(f"r1-ascend doctor ({'NPU machine' if npu_present else 'no NPU: CPU test environment rules apply'})")
-    _print_table("Pinned stack (r1_ascend/stack.toml)", stack)
+    _print_table("Pinned stack (src/r1_ascend/stack.toml)", stack)
     _print_table("Environment", environment)
     _print_table(f"Patches ({'imported' if args.deep else 'checked in upstream source'})", patches)
     failures = [r for r in (*stack, *environment, *patches) if r.verdict == "FAIL"]

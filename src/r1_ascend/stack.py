@@ -22,7 +22,7 @@ def package_pin(distribution: str) -> str:
     try:
         return packages[distribution]
     except KeyError:
-        msg = f"{distribution!r} is not pinned in r1_ascend/stack.toml (pinned: {', '.join(sorted(packages))})"
+        msg = f"{distribution!r} is not pinned in src/r1_ascend/stack.toml (pinned: {', '.join(sorted(packages))})"
         raise KeyError(msg) from None
 
 

@@ -1,4 +1,4 @@
-"""The Dockerfile installs exactly the pinned stack of r1_ascend/stack.toml, from pinned refs only.
+"""The Dockerfile installs exactly the pinned stack of src/r1_ascend/stack.toml, from pinned refs only.
 
 Docker is not available in CI, so the file is checked statically.
 """
@@ -29,6 +29,7 @@ ARG_TO_PIN = {
     "NUMPY_VERSION": ("packages", "numpy"),
     "PYARROW_VERSION": ("packages", "pyarrow"),
     "MATHRULER_VERSION": ("packages", "mathruler"),
+    "PYLATEXENC_VERSION": ("packages", "pylatexenc"),
     "VLLM_REPO": ("sources.vllm", "repo"),
     "VLLM_REF": ("sources.vllm", "ref"),
     "VLLM_ASCEND_REPO": ("sources.vllm-ascend", "repo"),

@@ -44,7 +44,10 @@ def _run_head(tmp_path: Path, *, failures: int, attempts: int) -> tuple[subproce
     fake.write_text(FAKE_RAY.format(failures=failures, tag=tag))
     fake.chmod(0o755)
     incomplete = tmp_path / "python"
-    incomplete.write_text('#!/usr/bin/env bash\necho "the cluster is incomplete" >&2\nexit 1\n')
+    # the head's token for the shared-directory check is written; the cluster check then reports it incomplete
+    incomplete.write_text(
+        '#!/usr/bin/env bash\n[[ "$4" != token ]] || exit 0\necho "the cluster is incomplete" >&2\nexit 1\n'
+    )
     incomplete.chmod(0o755)
     calls = tmp_path / "calls"
     env = {
@@ -58,6 +61,7 @@ def _run_head(tmp_path: Path, *, failures: int, attempts: int) -> tuple[subproce
         "MASTER_ADDR": "127.0.0.2",
         "RAY_TEMP_DIR": str(tmp_path / "ray-temp"),
         "R1_ASCEND_RUN_DIR": str(tmp_path / "run"),
+        "OUTPUT_DIR": str(tmp_path / "outputs"),
         "R1_ASCEND_PREFLIGHT_CMD": "",
         "RAY_HEAD_START_ATTEMPTS": str(attempts),
         "RAY_HEAD_START_TIMEOUT": "60",

@@ -83,6 +83,16 @@ def test_rehearsal_runs_kills_resumes_and_reports(tmp_path: Path, weights: Path,
     assert summary["steps_run"]["run 2 (resumed)"] == list(range(plan.save_freq + 1, plan.total_steps + 1))
     assert Path(summary["report"]).is_file()
     assert f"resumed from step: {plan.save_freq}" in done.stdout
+    # the head kept each launch's console under OUTPUT_DIR, the report was made from those logs, and run 2 was the
+    # documented relaunch: `ray_start_npu.sh restart` on every node, the worker staying joined
+    first, second = (Path(p) for p in summary["head_logs"])
+    assert first.parent == second.parent == out / "logs"
+    assert "Training Progress" in first.read_text() or "step:1 " in first.read_text()
+    assert "restart: keeping the Ray head" in second.read_text()
+    assert "Setting global step to" in second.read_text() or f"step:{plan.total_steps} " in second.read_text()
+    assert "still joined" in (out / "nodes" / "127.0.0.3" / "restart.log").read_text()
+    report = Path(summary["report"]).read_text()
+    assert "report-inputs" in report or first.name in report
     # the real model learned: megatron-core's GPTModel at EP 2, the reward rising (the rehearsal's own verdict
     # requires a rise; this is the guide), the rollout engine close to the actor
     assert summary["model"]["class"] == "megatron.core.models.gpt.gpt_model.GPTModel"

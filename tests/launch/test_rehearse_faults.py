@@ -5,7 +5,7 @@ run (2 or 3 steps), and the fast checks of every fault's plan and verdicts. The 
 
 Every test checks the fault's own verdicts (the rehearsal fails otherwise), the measured time to stop against its
 bound, and that nothing the run started is left. With ``R1_ASCEND_DISABLE=verl_checkpoint_integrity`` each
-checkpoint fault fails, and with ``r1_ascend.watchdog.enabled=false`` the hang does (docs/launch.md, Faults).
+checkpoint fault fails, and with ``r1_ascend.watchdog.enabled=false`` the hang does (docs/rehearsal.md, Faults).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ driver killed while ``global_step_2`` is half written, and a full disk under eve
 clearly, keep only complete checkpoints, resume from ``global_step_1`` and leave no process on the machine.
 
 They plant no process fault and judge only their own run, so they may run in the second machine lane
-(conftest.SECOND_LANE_MODULES); ``checkpoint_integrity`` switched off makes each fail (docs/launch.md, Faults).
+(conftest.SECOND_LANE_MODULES); ``checkpoint_integrity`` switched off makes each fail (docs/rehearsal.md, Faults).
 """
 
 from __future__ import annotations

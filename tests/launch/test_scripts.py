@@ -53,6 +53,7 @@ def test_run_script_dry_run_prints_the_command(smoke_inputs):
         DATA_DIR=str(smoke_inputs.data),
         NNODES="1",
         NPUS_PER_NODE="16",
+        OUTPUT_DIR=str(smoke_inputs.data.parent / "outputs"),
     )
     done = subprocess.run(
         ["bash", "scripts/run_grpo_smoke_npu.sh", "--dry-run"], env=env, cwd=REPO, capture_output=True, text=True
@@ -64,7 +65,12 @@ def test_run_script_dry_run_prints_the_command(smoke_inputs):
 
 
 def test_run_script_stops_on_preflight_errors(smoke_inputs):
-    env = _env(MODEL_PATH=str(smoke_inputs.model), DATA_DIR=str(smoke_inputs.data), VLLM_DP_SIZE="128")
+    env = _env(
+        MODEL_PATH=str(smoke_inputs.model),
+        DATA_DIR=str(smoke_inputs.data),
+        VLLM_DP_SIZE="128",
+        OUTPUT_DIR=str(smoke_inputs.data.parent / "outputs"),
+    )
     done = subprocess.run(
         ["bash", "scripts/run_grpo_smoke_npu.sh", "--dry-run", f"+x={1}"],
         env={**env, "DIST_CKPT_DIR": str(smoke_inputs.ckpt)},
@@ -81,5 +87,5 @@ def test_every_variable_the_scripts_read_is_documented():
     upstream names continue in lower case, e.g. Ray's ``RAY_kill_child_processes_...``)."""
     documented = (REPO / "docs" / "environment.md").read_text(encoding="utf-8")
     read = {name for script in SCRIPTS for name in re.findall(r"\$\{([A-Z][A-Za-z0-9_]*)", script.read_text())}
-    missing = sorted(name for name in read - {"BASH_SOURCE"} if f"`{name}`" not in documented)
+    missing = sorted(name for name in read - {"BASH_SOURCE", "PWD"} if f"`{name}`" not in documented)
     assert missing == [], f"variables read by scripts/*.sh but not in docs/environment.md: {missing}"

@@ -1,7 +1,7 @@
 """The rehearsal's toy task: its reward on written and generated responses, its parquet through verl's RLHFDataset.
 
 The math reward's own tests (tests/reward) keep covering the real run's reward; these cover the reward and data
-the rehearsal trains on instead (docs/launch.md "Toy task").
+the rehearsal trains on instead (docs/rehearsal.md "Toy task").
 """
 
 from __future__ import annotations

@@ -36,6 +36,6 @@ def test_drift_in_a_target_is_named(monkeypatch: pytest.MonkeyPatch, module: str
 def test_every_replacement_is_documented() -> None:
     from pathlib import Path
 
-    launch = (Path(__file__).resolve().parents[2] / "docs" / "launch.md").read_text(encoding="utf-8")
+    launch = (Path(__file__).resolve().parents[2] / "docs" / "rehearsal.md").read_text(encoding="utf-8")
     for replacement in mcore_cpu.REPLACEMENTS:
-        assert replacement.what in launch, f"docs/launch.md does not list {replacement.what!r}"
+        assert replacement.what in launch, f"docs/rehearsal.md does not list {replacement.what!r}"

@@ -3,7 +3,7 @@
 same gradient for every parameter as at PP 1 through megatron-core's own 1F1B schedule and its p2p, and verl's
 weight export, which broadcasts each stage's tensors to every rank, hands every rank the PP 1 export bit for bit.
 
-The rehearsal's actor runs at PP 1 (docs/launch.md, "What is real": layout); this is the stage boundary's proof at
+The rehearsal's actor runs at PP 1 (docs/rehearsal.md, "What is real": layout); this is the stage boundary's proof at
 the model level: the schedule, the p2p shapes exchange (``variable_seq_lengths``) and ``per_tensor_generator`` across
 stages, with the converted checkpoint resharded to PP 2 by dist checkpointing.
 """

@@ -1,7 +1,7 @@
 """mindspeed_torch_compile: the real compiler inside ``_build_rollout``, MindSpeed's stand-in everywhere else.
 
 Runs against verl 0.6.1's real ``ActorRolloutRefWorker._build_rollout`` and the MindSpeed fake (a behavioural
-equivalent of MindSpeed f6688c61's patch registry, see r1_ascend/testing/mindspeed_fake.py).
+equivalent of MindSpeed f6688c61's patch registry, see src/r1_ascend/testing/mindspeed_fake.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The registry, the patch docstrings, the README patch table and the pins agree with each other."""
+"""The registry, the patch docstrings, the patch table of docs/patches.md and the pins agree with each other."""
 
 from __future__ import annotations
 
@@ -97,19 +97,19 @@ def test_inline_headings_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyP
         patch_doc_sections("r1_inline_doc_patch")
 
 
-def _readme_section(marker: str) -> str:
-    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+def _docs_section(marker: str) -> str:
+    text = (REPO_ROOT / "docs" / "patches.md").read_text(encoding="utf-8")
     match = re.search(rf"<!-- {marker}:start -->(.*?)<!-- {marker}:end -->", text, re.S)
-    assert match, f"README.md has no section between <!-- {marker}:start/end --> markers"
+    assert match, f"docs/patches.md has no section between <!-- {marker}:start/end --> markers"
     return match.group(1).strip()
 
 
-def test_readme_patch_table_matches_registry() -> None:
-    """The README patch table is exactly what the registry and the docstrings generate.
+def test_patch_table_matches_registry() -> None:
+    """docs/patches.md's patch table is exactly what the registry and the docstrings generate.
 
     Regenerate it with `python -m r1_ascend.patches.docs` after changing a patch.
     """
-    table = _readme_section("patch-table")
+    table = _docs_section("patch-table")
     assert table == render_patch_table()
     names = [line.split("|")[1].strip().strip("`") for line in table.splitlines()[2:]]
     assert names == PATCH_NAMES

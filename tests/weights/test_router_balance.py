@@ -3,7 +3,7 @@
 The slow test generates the quickstart's checkpoint (``make_checkpoint(..., "tiny")``: FP8, routers balanced on the
 shipped prompts), converts it as the quickstart does, and measures the routing of the converted BF16 model with
 transformers alone (no megatron-core, no project model code): on the shipped sample's prompts (the first 64; all 320
-in ``benchmarks/routing_bench.py``, docs/launch.md) and on every prompt of the rehearsal, every MoE layer sends
+in ``benchmarks/routing_bench.py``, docs/rehearsal.md) and on every prompt of the rehearsal, every MoE layer sends
 tokens to at least 7/8 of its experts and each of the rehearsal's two expert-parallel ranks receives at least 30 % of
 the routed tokens. The fast tests check the balancing itself on a small random model.
 """

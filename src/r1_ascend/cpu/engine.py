@@ -21,9 +21,11 @@ rollout reaches the same attribute paths as on the NPU:
 - every decode step is sampled by vLLM's own ``InputBatch`` -> ``Sampler`` -> ``LogprobsProcessor``
   (:class:`VLLMSampler`), so the overlay's ``Sampler.forward`` patch runs here as in the NPU worker.
 
-Device compute is the only thing stood in: ``generate`` decodes with transformers' own KV cache
-(``past_key_values``), not with the vLLM-layout caches above, which exist for the memory lifecycle the overlay
-drives (freed by ``release``, rebuilt by ``resume(["kv_cache"])``).
+This is a component stand-in, not a device-call one: vLLM's scheduler, model runner and forward do not run.
+``generate`` decodes with transformers' model and its own KV cache (``past_key_values``), not with the vLLM-layout
+caches above, which exist for the memory lifecycle the overlay drives (freed by ``release``, rebuilt by
+``resume(["kv_cache"])``). vLLM's DeepSeek-V3 class (:mod:`r1_ascend.cpu.vllm_deepseek`) is built only for its
+``load_weights``: every sync goes through it, and what it then holds is copied into the decoding model.
 
 The engine-shaped pieces (``ModelRunner``, ``Executor``, ``start_engine``) are also what the overlay's unit tests
 build their recording fakes on, so the rehearsal and the tests stand in for vLLM in one way. That is why this one

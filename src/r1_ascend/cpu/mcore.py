@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-#: The megatron-core and verl versions these replacements were written against (r1_ascend/stack.toml pins them).
+#: The megatron-core and verl versions these replacements were written against (src/r1_ascend/stack.toml pins them).
 MEGATRON_CORE_VERSION = "0.12.1"
 VERL_VERSION = "0.6.1"
 

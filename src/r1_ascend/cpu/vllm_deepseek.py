@@ -67,7 +67,7 @@ def check_targets() -> None:
         msg = (
             "the CPU build of vLLM's DeepSeek model stands in for upstream lines that moved: "
             + "; ".join(missing)
-            + ". Re-read the pinned vllm / vllm-ascend sources and update r1_ascend/cpu/vllm_deepseek.py."
+            + ". Re-read the pinned vllm / vllm-ascend sources and update src/r1_ascend/cpu/vllm_deepseek.py."
         )
         raise UpstreamDriftError(msg)
 

@@ -38,8 +38,10 @@ STAND_INS: tuple[tuple[str, str, str], ...] = (
     (
         "vLLM engine",
         "verl.workers.rollout.vllm_rollout.vllm_rollout_spmd.LLM -> CPUStandInLLM (transformers' DeepSeek-V3)",
-        "the pinned vLLM wheel has no CPU backend; engine core, KV-cache init, MLA impls and the sampling (InputBatch, "
-        "Sampler with the overlay's patch, LogprobsProcessor) stay upstream code",
+        "the pinned vLLM wheel has no CPU backend: a component stand-in. vLLM's scheduler, model runner and forward "
+        "do not run; transformers' DeepSeek-V3 decodes, holding what vLLM's DeepSeek-V3 class (built only for its "
+        "load_weights) loaded. Upstream code inside it: the sampling (InputBatch, Sampler with the overlay's patch, "
+        "LogprobsProcessor), EngineCore._initialize_kv_caches on a stand-in core, vllm-ascend's MLA post-processing",
     ),
 )
 

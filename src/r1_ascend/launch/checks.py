@@ -18,6 +18,7 @@ from r1_ascend.launch.divisibility import expert_split_problems, world_split_pro
 from r1_ascend.launch.layout import mindspeed_stage_layers, rollout_layout, train_layout
 from r1_ascend.launch.memory import GIB, MemoryInputs, PhaseEstimate, estimate
 from r1_ascend.launch.model_info import ModelConfigError, ModelInfo, known_model, load_model_info
+from r1_ascend.launch.output_dir import mount_of, on_container_root, read_mounts, unwritable
 from r1_ascend.launch.units import human_count, plural
 from r1_ascend.parallel import Layout, LayoutError
 from r1_ascend.patches.rules.checkpoints import resume_decision
@@ -105,6 +106,37 @@ def check_paths(run: Run) -> Iterator[Finding]:
         yield Finding("paths", ERROR, f"not set: {'; '.join(missing)}. Export the variables or pass key=value")
     else:
         yield Finding("paths", OK, "model, data and checkpoint paths are set")
+
+
+def check_output_dir(run: Run) -> Iterator[Finding]:
+    """``trainer.default_local_dir`` (the run scripts put it under OUTPUT_DIR) is writable and not on the container's
+    own disk: an error on a multi-node run, a warning on one node."""
+    raw = str(run.config.trainer.default_local_dir)
+    path = Path(raw).expanduser()
+    if not path.is_absolute():
+        yield Finding(
+            "output_dir",
+            ERROR if run.config.trainer.nnodes > 1 else WARNING,
+            f"trainer.default_local_dir={raw} is relative: the checkpoints would go wherever each process runs. Set "
+            "OUTPUT_DIR (the run scripts then use OUTPUT_DIR/checkpoints/<config>) or give an absolute path",
+        )
+        return
+    problem = unwritable(path)
+    if problem:
+        yield Finding("output_dir", ERROR, f"trainer.default_local_dir={raw} cannot be created: {problem}")
+        return
+    mount = mount_of(path, read_mounts())
+    where = f"{mount.fstype} mounted at {mount.point}" if mount else "mount unknown"
+    if on_container_root(mount):
+        yield Finding(
+            "output_dir",
+            ERROR if run.config.trainer.nnodes > 1 else WARNING,
+            f"trainer.default_local_dir={raw} is on the container's own file system ({where}): it is lost with the "
+            "container and no other node sees it. Mount a shared directory into the container (docker run -v "
+            "/shared:/shared) and set OUTPUT_DIR=/shared/...",
+        )
+        return
+    yield Finding("output_dir", OK, f"checkpoints in {raw} (writable; {where})")
 
 
 def check_world_size(run: Run) -> Iterator[Finding]:
@@ -646,6 +678,7 @@ def check_trainer(run: Run) -> Iterator[Finding]:
 
 CHECKS: tuple[Callable[[Run], Iterable[Finding]], ...] = (
     check_paths,
+    check_output_dir,
     check_world_size,
     check_vllm_dp_size,
     check_pipeline_split,

@@ -98,12 +98,14 @@ def smoke_paths(out: Path) -> dict[str, str]:
         "MODEL_PATH": str((out / "weights" / "hf-bf16").resolve()),
         "DIST_CKPT_DIR": str((out / "weights" / "mcore").resolve()),
         "DATA_DIR": str((out / "data").resolve()),
+        "OUTPUT_DIR": str((out / "run").resolve()),
     }
 
 
 def path_overrides(paths: dict[str, str]) -> list[str]:
-    """The Hydra overrides the run scripts derive from MODEL_PATH / DIST_CKPT_DIR / DATA_DIR."""
+    """The Hydra overrides the run scripts derive from MODEL_PATH / DIST_CKPT_DIR / DATA_DIR / OUTPUT_DIR."""
     return [
+        f"trainer.default_local_dir={paths['OUTPUT_DIR']}/checkpoints/{SMOKE_OVERLAY}",
         f"actor_rollout_ref.model.path={paths['MODEL_PATH']}",
         f"actor_rollout_ref.actor.megatron.dist_checkpointing_path={paths['DIST_CKPT_DIR']}",
         f"data.train_files={paths['DATA_DIR']}/train.parquet",

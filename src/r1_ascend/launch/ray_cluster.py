@@ -1,11 +1,15 @@
-"""Ray cluster queries for scripts/ray_start_npu.sh: wait until the expected NPU nodes have joined.
+"""Ray cluster queries for scripts/ray_start_npu.sh: wait until the expected NPU nodes have joined and see the head's
+output directory.
 
 Uses ``ray.nodes()`` / ``ray.cluster_resources()`` (never parses ``ray status`` text). Exit codes: 0 ready,
-1 timed out (the message names the missing nodes), 2 the watched ``ray start`` process died, 3 bad arguments.
+1 timed out (the message names the missing nodes), 2 the watched ``ray start`` process died, 3 bad arguments,
+4 nodes joined that do not see the head's ``--shared-dir`` (:mod:`r1_ascend.launch.shared_dir`; the message names them).
 
     python -m r1_ascend.launch.ray_cluster wait --address 10.0.0.1:6766 --node-ip 10.0.0.1 \
-        --nodes 16 --npus-per-node 16 --timeout 1800 [--expected-ips 10.0.0.1,10.0.0.2,...]
+        --nodes 16 --npus-per-node 16 --timeout 1800 [--expected-ips 10.0.0.1,10.0.0.2,...] [--shared-dir DIR]
     python -m r1_ascend.launch.ray_cluster joined --address 10.0.0.1:6766 --node-ip 10.0.0.2 --timeout 60
+    python -m r1_ascend.launch.ray_cluster token --shared-dir DIR        (the head, before it starts Ray)
+    python -m r1_ascend.launch.ray_cluster mark --shared-dir DIR --node-ip 10.0.0.2 --timeout 60   (each node)
 """
 
 from __future__ import annotations
@@ -15,16 +19,20 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psutil
 
+from r1_ascend.launch import shared_dir
 from r1_ascend.recipe.driver_address import connect_error
 
 #: Seconds between looks at the cluster's nodes (a GCS query): a node's start and the launch wait for them.
 POLL_SECONDS = 0.5
 #: Seconds one look waits for the head's GCS port to accept a connection.
 CONNECT_SECONDS = 2.0
+#: Seconds the head waits, once every NPU joined, for every node's mark in the shared directory.
+SHARED_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -105,6 +113,8 @@ def wait(args: argparse.Namespace, *, joined_only: bool) -> int:
     poll: Callable[[], ClusterState] | None = None
     last_report = 0.0
     problem = "not connected to the Ray head yet"
+    shared: Path | None = None if joined_only or not args.shared_dir else Path(args.shared_dir)
+    marks_deadline: float | None = None
     while True:
         if args.watch_pid is not None and not psutil.pid_exists(args.watch_pid):
             print(
@@ -119,8 +129,19 @@ def wait(args: argparse.Namespace, *, joined_only: bool) -> int:
                 poll = _connect(args.address, args.node_ip)
             state = poll()
             problem = readiness(state, nodes, args.npus_per_node, expected) or ""
+            if not problem and shared is not None:
+                others = [ip for ip in state.npus_by_ip if ip != args.node_ip]
+                missing = shared_dir.unmarked(shared, others)
+                if missing:
+                    marks_deadline = marks_deadline or time.monotonic() + args.shared_timeout
+                    problem = unshared_problem(missing, shared)
+                    if time.monotonic() >= marks_deadline:
+                        print(f"after {args.shared_timeout:g} s: {problem}", file=sys.stderr)
+                        return 4
             if not problem:
                 print(f"ray cluster ready: {_joined(state)}; NPU total {state.total_npus:g}", flush=True)
+                if shared is not None:
+                    print(f"every node sees {shared.parent.parent} (its mark under {shared})", flush=True)
                 return 0
         except Exception as exc:
             problem = f"cannot query the Ray head at {args.address}: {type(exc).__name__}: {exc}"
@@ -135,13 +156,28 @@ def wait(args: argparse.Namespace, *, joined_only: bool) -> int:
         time.sleep(POLL_SECONDS)
 
 
+def unshared_problem(missing: list[str], shared: Path) -> str:
+    return (
+        f"{len(missing)} joined node(s) do not see the head's OUTPUT_DIR ({shared.parent.parent}): "
+        f"{', '.join(missing)} wrote no mark under {shared / shared_dir.NODES}; mount the same shared file system at "
+        "the same path on every node (each such node's console says what it saw)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     from r1_ascend.cli import plain_help
 
     parser = argparse.ArgumentParser(prog="python -m r1_ascend.launch.ray_cluster", description=plain_help(__doc__))
-    parser.add_argument("mode", choices=("wait", "joined"))
-    parser.add_argument("--address", required=True, help="Ray head address HOST:PORT")
-    parser.add_argument("--node-ip", required=True, help="this host's node IP (as passed to ray start)")
+    parser.add_argument("mode", choices=("wait", "joined", "token", "mark"))
+    parser.add_argument("--shared-dir", default="", help="the head's OUTPUT_DIR/.r1-ascend/cluster (token, marks)")
+    parser.add_argument(
+        "--shared-timeout",
+        type=float,
+        default=SHARED_SECONDS,
+        help="seconds to wait for every node's mark once all NPUs joined",
+    )
+    parser.add_argument("--address", default="", help="Ray head address HOST:PORT")
+    parser.add_argument("--node-ip", default="", help="this host's node IP (as passed to ray start)")
     parser.add_argument("--nodes", type=int, default=1)
     parser.add_argument("--npus-per-node", type=int, default=16)
     parser.add_argument("--expected-ips", default="", help="comma list of node IPs that must join (NODE_IPS)")
@@ -150,6 +186,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--watch-pid", type=int, help="fail fast when this ray start process exits")
     parser.add_argument("--log", default="", help="log file named in the message when --watch-pid exits")
     args = parser.parse_args(argv)
+    if args.mode in ("token", "mark") and not args.shared_dir:
+        parser.error(f"{args.mode} needs --shared-dir")
+    if args.mode == "token":
+        shared_dir.write_token(Path(args.shared_dir))
+        return 0
+    if not args.node_ip:
+        parser.error(f"{args.mode} needs --node-ip")
+    if args.mode == "mark":
+        try:
+            shared_dir.mark(Path(args.shared_dir), args.node_ip, args.timeout)
+        except FileNotFoundError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 4
+        return 0
+    if not args.address:
+        parser.error(f"{args.mode} needs --address")
     return wait(args, joined_only=args.mode == "joined")
 
 

@@ -31,7 +31,7 @@ from r1_ascend.checkout import script
 from r1_ascend.patches.rules.checkpoints import TRACKER, tracker_written_at
 from r1_ascend.ports import unused_local_port
 from r1_ascend.rehearse.budget import RssSampler
-from r1_ascend.rehearse.config import Plan, driver_command, node_ip
+from r1_ascend.rehearse.config import CONFIG_NAME, Plan, driver_command, node_ip
 from r1_ascend.rehearse.inputs import make_inputs
 from r1_ascend.rehearse.lifecycle import read_lifecycle
 from r1_ascend.rehearse.progress import RehearsalError, log_progress, read_log
@@ -131,6 +131,9 @@ def node_envs(out: Path, plan: Plan, launch: Path) -> tuple[list[dict[str, str]]
         "RAY_prestart_worker_first_driver": "0",
         "R1_ASCEND_PREFLIGHT_CMD": "",
         "R1_ASCEND_LAUNCH_CMD": f"bash {launch}",
+        # the run's outputs and the head's console logs (logs/), on the file system both nodes share
+        "OUTPUT_DIR": str(out),
+        "R1_ASCEND_CONFIG": CONFIG_NAME,
         "TOKENIZERS_PARALLELISM": "false",
     }
     for key in ("VLLM_DP_SIZE", "RAY_ADDRESS", "NODE_IPS", "SOCKET_IFNAME", "HCCL_SOCKET_IFNAME"):
@@ -261,17 +264,37 @@ def kill_mid_step(
     return killed_step, workers
 
 
-def start_driver(cluster: Cluster, launch: Path, log: Path) -> subprocess.Popen:
-    """The driver command again, on the running cluster (``RAY_ADDRESS`` set, as the head's exec sets it)."""
-    env = {**cluster.envs[0], "RAY_ADDRESS": cluster.address()}
+def start_driver(cluster: Cluster, log: Path) -> subprocess.Popen:
+    """The run again on the running cluster, as an operator relaunches it: ``ray_start_npu.sh restart`` on the head
+    (Ray and the joined nodes kept; the head waits for every node, then execs the launch command: this process
+    becomes the driver)."""
     with log.open("w") as f:
-        driver = subprocess.Popen([*cluster.prefix, "bash", str(launch)], env=env, stdout=f, stderr=f)
+        driver = subprocess.Popen(
+            [*cluster.prefix, "bash", str(node_script()), "restart"], env=cluster.envs[0], stdout=f, stderr=f
+        )
     cluster.drivers.append(driver)
     return driver
 
 
-def relaunch(cluster: Cluster, launch: Path, log: Path, timeout: float) -> None:
-    driver = start_driver(cluster, launch, log)
+def restart_worker(cluster: Cluster, env: dict[str, str]) -> str:
+    """``ray_start_npu.sh restart`` on a worker node, as the relaunch documents it for every node: what it said."""
+    done = subprocess.run(
+        [*cluster.prefix, "bash", str(node_script()), "restart"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    said = done.stdout + done.stderr
+    (node_dir(cluster.out, env["NODE_IP"]) / "restart.log").write_text(said)
+    if done.returncode != 0:
+        raise RehearsalError(f"restart on node {env['NODE_IP']} failed: {said.strip()[-1500:]}")
+    return said
+
+
+def relaunch(cluster: Cluster, log: Path, timeout: float) -> None:
+    driver = start_driver(cluster, log)
     try:
         code = driver.wait(timeout)
     except subprocess.TimeoutExpired:

@@ -37,7 +37,7 @@ def drive(session: Session, fault: str) -> faults.FaultOutcome:
         log_progress(f"killed in step {killed_step}; truncated {cut['truncated']} ({cut['bytes']} bytes)")
         log_progress(f"run 2: relaunching onto the truncated checkpoint (log {logs[1]}); it must refuse")
         since = time.monotonic()
-        return faults.check_refusal(start_driver(cluster, session.launch, logs[1]), out, logs[1], cut, since, killed)
+        return faults.check_refusal(start_driver(cluster, logs[1]), out, logs[1], cut, since, killed)
     if fault in process_faults.PROCESS_FAULTS:
         last = node_ip(plan.nodes - 1)
         pid_file = node_dir(out, last) / f"ray-worker-{last}.pid"
@@ -52,7 +52,7 @@ def drive(session: Session, fault: str) -> faults.FaultOutcome:
         plant = faults.kill_during_save if fault == "kill-during-save" else faults.disk_full
         outcome = plant(head, out, plan, logs[0])
         log_progress(f"{fault}: stopped {outcome.stop_s} s after the fault; run 2: relaunching (log {logs[1]})")
-    relaunch(cluster, session.launch, logs[1], timeout=900)
+    relaunch(cluster, logs[1], timeout=900)
     return outcome
 
 
