@@ -135,6 +135,15 @@ def test_doctor_works_as_installed(installed, cwd, command):
     assert "all checks passed" in done.stdout
 
 
+def test_plain_python_m_from_the_repository_root_runs_the_installed_package(installed):
+    """``python -m`` puts the working directory first on sys.path (no -P): from the repository root it must still find
+    the installed package, whole, because no folder there is named like it (the class of the image's last step)."""
+    done = run(installed, ["python", "-m", "r1_ascend.cli", "doctor"], REPO)
+    assert done.returncode == 0, done.stdout + done.stderr
+    where = run(installed, ["python", "-c", "import r1_ascend.patches as p; print(p.__file__)"], REPO)
+    assert Path(where.stdout.strip()).is_relative_to(installed.prefix), where.stdout + where.stderr
+
+
 def test_the_prelude_imports_and_the_vllm_plugin_is_the_installed_one(installed, cwd):
     code = (
         "import importlib.metadata as m, r1_ascend.patches.prelude as p; "
