@@ -234,3 +234,28 @@ def test_an_unreadable_data_file_is_named_with_the_fix(tiny_hf, tmp_path: Path, 
 def test_bad_options_are_usage_errors(argv: list[str], expected: str, capsys) -> None:
     assert main(["model", *argv]) == 2
     assert expected in capsys.readouterr().err
+
+
+def test_a_row_the_chat_template_cannot_render_is_kept_as_malformed() -> None:
+    from jinja2 import TemplateError
+
+    from r1_ascend.data.template import build_prompt
+    from r1_ascend.evaluate.problems import Problem
+    from r1_ascend.evaluate.run import render
+
+    class Tokenizer:
+        def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+            if "bad" in messages[-1]["content"]:
+                raise TemplateError("Conversation roles must alternate")
+            return messages[-1]["content"]
+
+        def encode(self, text, add_special_tokens):
+            return [len(text)]
+
+    problems = [Problem("amc", i, f"v.parquet:{i}", build_prompt(text), "1") for i, text in enumerate(["ok", "bad"])]
+    kept, ids = render(Tokenizer(), problems)
+    assert [p.malformed for p in kept] == [
+        None,
+        "the chat template cannot render the prompt (Conversation roles must alternate)",
+    ]
+    assert ids == {0: [2]}

@@ -1,66 +1,75 @@
-"""``r1-ascend evaluate`` end to end on the CPU backend: transformers samples the tiny DeepSeek-V3-shaped checkpoint
-after its round trip through Megatron and ``to-hf``; every written sample is scored again here with the recipe's
-``compute_score`` and the per-set pass@1 / pass@k, printed and written, must equal that count."""
+"""The CPU backend at its boundary: the arguments transformers' ``generate`` gets (vLLM's sampling: temperature and
+top-p, top-k off), the seed per prompt, and where a completion ends (first EOS; none: truncated)."""
 
 from __future__ import annotations
 
-import itertools
-import json
-import re
-import subprocess
-import sys
-from fractions import Fraction
 from pathlib import Path
 
 import pytest
+import torch
 
-from r1_ascend.recipe.deepscaler_reward import compute_score
-
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning"),  # to-hf reads DCP in-process
-]
-
-N = 3
+from r1_ascend.evaluate import generation as gen
+from r1_ascend.evaluate.hf_backend import TransformersBackend
+from r1_ascend.evaluate.prompts import load_tokenizer
 
 
-def any_correct_share(flags: list[bool], k: int) -> Fraction:
-    """pass@k of one problem by counting its k-subsets that hold a correct sample."""
-    subsets = list(itertools.combinations(flags, k))
-    return Fraction(sum(any(s) for s in subsets), len(subsets))
+@pytest.fixture(scope="module")
+def backend(tiny_hf: Path) -> TransformersBackend:
+    tokenizer = load_tokenizer(tiny_hf)
+    return TransformersBackend(gen.BackendSpec(tiny_hf, tokenizer, 0, 4096))
 
 
-def test_transformers_backend_end_to_end_matches_an_independent_rescoring(tiny_export: Path, tmp_path: Path) -> None:
-    out = tmp_path / "eval"
-    cmd = [sys.executable, "-m", "r1_ascend.cli", "evaluate", str(tiny_export), "--output-dir", str(out)]
-    cmd += ["--backend", "transformers", "--limit", "2", "--samples", str(N), "--max-new-tokens", "24"]
-    cmd += ["--pass-k", "2", "--pass-k", str(N)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert re.search(r"aime24: 6/6 samples \(100%\), \d+m\d\ds elapsed", done.stderr)
+def test_generate_gets_vllms_sampling_and_each_prompts_seed(backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    tok = backend.tokenizer
+    eos, pad = backend.eos_ids[0], backend.pad_id
+    words = tok.encode(" the answer", add_special_tokens=False)[:2]
+    calls = []
 
-    lines = [json.loads(line) for line in (out / "samples.jsonl").read_text(encoding="utf-8").splitlines()]
-    assert len(lines) == 3 * 2 * N
-    assert all(line["finish_reason"] in ("stop", "length") and line["tokens"] <= 24 for line in lines)
-    flags: dict[str, dict[int, list[bool]]] = {}
-    for line in lines:
-        reward = compute_score(
-            data_source=line["set"], solution_str=line["response"], ground_truth=line["ground_truth"], extra_info={}
-        )
-        assert reward == line["reward"]
-        correct = reward["acc"] == 1.0 and line["finish_reason"] != "length" and bool(line["response"].strip())
-        assert line["score"] == float(correct)
-        flags.setdefault(line["set"], {}).setdefault(line["problem"], []).append(correct)
+    def recording_generate(prompt, **kwargs):
+        calls.append((prompt.tolist(), kwargs, torch.initial_seed()))
+        stopped = [*words, eos, pad, pad]  # ends at EOS; the rest is padding
+        running = [*words, *words, words[0]]  # reaches max_new_tokens
+        return torch.tensor([[*prompt[0].tolist(), *stopped], [*prompt[0].tolist(), *running]])
 
-    doc = json.loads((out / "evaluation.json").read_text(encoding="utf-8"))
-    printed = {m[1]: m[2].split(" | ") for m in re.finditer(r"^\| `(\w+)` \| (.*) \|$", done.stdout, re.M)}
-    assert list(flags) == [s["name"] for s in doc["sets"]] == list(printed) == ["aime24", "amc", "math500"]
-    for written in doc["sets"]:
-        problems = flags[written["name"]]
-        pass_1 = sum(Fraction(sum(f), N) for f in problems.values()) / len(problems)
-        pass_k = {k: sum(any_correct_share(f, k) for f in problems.values()) / len(problems) for k in (2, N)}
-        assert written["pass@1"] == pytest.approx(float(pass_1))
-        assert written["pass@k"] == pytest.approx({str(k): float(v) for k, v in pass_k.items()})
-        assert [p["scores"] for p in written["per_problem"]] == [[float(x) for x in f] for f in problems.values()]
-        cells = printed[written["name"]]  # problems | samples | pass@1 | pass@2 | pass@3 | ...
-        assert [float(c) for c in cells[2:5]] == pytest.approx([pass_1, pass_k[2], pass_k[N]], abs=5e-5)
+    monkeypatch.setattr(backend.model, "generate", recording_generate)
+    requests = [gen.Request((5, 6, 7), seed=11), gen.Request((8,), seed=13)]
+    progress = gen.SampleProgress("amc", 4)
+    results = backend.generate(requests, gen.SamplingOptions(2, 0.6, 0.95, 5), progress)
+
+    assert [c[0] for c in calls] == [[[5, 6, 7]], [[8]]]
+    assert [c[2] for c in calls] == [11, 13]
+    for _, kwargs, _ in calls:
+        assert kwargs["do_sample"] is True
+        assert (kwargs["temperature"], kwargs["top_p"], kwargs["top_k"]) == (0.6, 0.95, 0)
+        assert (kwargs["max_new_tokens"], kwargs["num_return_sequences"]) == (5, 2)
+        assert kwargs["eos_token_id"] == backend.eos_ids
+    stopped, running = results[0]
+    assert (stopped.finish_reason, stopped.tokens, stopped.text) == (gen.STOP, 3, tok.decode(words))
+    assert (running.finish_reason, running.tokens) == (gen.LENGTH, 5)
+    assert progress.done == 4
+
+
+def test_temperature_zero_is_greedy(backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+
+    def recording_generate(prompt, **kwargs):
+        calls.append(kwargs)
+        return torch.cat([prompt, torch.tensor([[backend.eos_ids[0]]])], dim=1)
+
+    monkeypatch.setattr(backend.model, "generate", recording_generate)
+    (result,) = backend.generate(
+        [gen.Request((5,), 0)], gen.SamplingOptions(1, 0.0, 0.95, 8), gen.SampleProgress("x", 1)
+    )
+    assert calls[0]["do_sample"] is False
+    assert not {"temperature", "top_p", "top_k"} & set(calls[0])
+    assert result[0] == gen.Completion("", gen.STOP, 1)
+
+
+def test_the_real_model_returns_n_completions_within_the_limit(backend) -> None:
+    prompt = tuple(backend.tokenizer.encode("What is 1 + 1?", add_special_tokens=False))
+    options = gen.SamplingOptions(2, 0.6, 0.95, 4)
+    (completions,) = backend.generate([gen.Request(prompt, 3)], options, gen.SampleProgress("x", 2))
+    again = backend.generate([gen.Request(prompt, 3)], options, gen.SampleProgress("x", 2))[0]
+    assert len(completions) == 2
+    assert all(c.tokens <= 4 and c.finish_reason in (gen.STOP, gen.LENGTH) for c in completions)
+    assert completions == again  # same seed, same samples

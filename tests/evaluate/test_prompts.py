@@ -18,15 +18,29 @@ from r1_ascend.evaluate.prompts import PromptError, decode_response, load_tokeni
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
+def adds_bos(tiny_hf: Path, tmp_path: Path) -> Path:
+    """The tiny model with a tokenizer that, like DeepSeek-V3's (``add_bos_token: true``), adds BOS on encode."""
+    model = tmp_path / "bos-model"
+    shutil.copytree(tiny_hf, model)
+    config_file = model / "tokenizer_config.json"
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    config |= {"tokenizer_class": "LlamaTokenizerFast", "add_bos_token": True, "legacy": True}
+    config_file.write_text(json.dumps(config), encoding="utf-8")
+    return model
+
+
+@pytest.mark.parametrize("bos", [False, True], ids=["tiny-tokenizer", "adds-bos-like-deepseek-v3"])
 def test_prompt_ids_equal_verls_raw_prompt_ids_on_the_shipped_sets(
-    tiny_hf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_hf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bos: bool
 ) -> None:
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf"))
     prepare_val(tmp_path / "data")
     parquet = tmp_path / "data" / "val.parquet"
-    tokenizer = load_tokenizer(tiny_hf)
+    tokenizer = load_tokenizer(adds_bos(tiny_hf, tmp_path) if bos else tiny_hf)
+    bos_id = tokenizer.bos_token_id
+    assert (tokenizer.encode("x", add_special_tokens=True)[0] == bos_id) is bos
     config = {"cache_dir": str(tmp_path / "verl"), "max_prompt_length": 8192, "filter_overlong_prompts": False}
     dataset = RLHFDataset([str(parquet)], tokenizer, OmegaConf.create(config))
     problems = [p for s in read_problems([parquet]).values() for p in s]
@@ -34,7 +48,9 @@ def test_prompt_ids_equal_verls_raw_prompt_ids_on_the_shipped_sets(
     positions = [0, 29, 30, 112, 113, len(dataset) - 1]  # first and last row of each set
     for position in positions:
         item = dataset[position]
-        assert prompt_ids(tokenizer, problems[position]) == list(item["raw_prompt_ids"]), position
+        ids = prompt_ids(tokenizer, problems[position])
+        assert ids == list(item["raw_prompt_ids"]), position
+        assert ids.count(bos_id) == 1  # the chat template's BOS only
         assert problems[position].set_name == item["data_source"]
 
 
