@@ -121,6 +121,7 @@ def test_the_request_is_what_the_options_say(tiny_hf, val_parquet, recording_llm
     assert doc["engine"]["kwargs"]["tensor_parallel_size"] == 2
     progress = capsys.readouterr().err
     assert "aime24: 9/9 samples (100%)" in progress  # vLLM's own loop drove the progress line
+    assert "vLLM memory plan: TP 2: " in progress
 
 
 def test_default_tp_is_this_nodes_npus_and_ray_only_beyond_them(tiny_hf) -> None:
@@ -172,3 +173,11 @@ def test_671b_in_bf16_does_not_fit_one_node_and_the_error_names_tp_32() -> None:
     # MLA caches (512 + 64) values x 61 layers x 2 bytes per token, on every TP rank
     assert two_nodes.kv_bytes_per_token == 576 * 61 * 2
     assert two_nodes.kv_tokens == int((0.9 * 64 - 671_026_419_200 * 2 / 32 / 1024**3) * 1024**3 // (576 * 61 * 2))
+
+
+def test_without_the_npu_stack_the_error_points_to_the_cpu_backend(tiny_hf, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm raises ImportError, as without torch_npu
+    with pytest.raises(vllm_backend.EngineConfigError, match="use --backend transformers"):
+        vllm_backend.VllmBackend(gen.BackendSpec(tiny_hf, None, 0, 4096, tensor_parallel_size=1))

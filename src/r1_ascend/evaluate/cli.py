@@ -121,7 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="generation limit per sample; a sample that reaches it counts as wrong (default %(default)s)",
     )
-    sampling.add_argument("--seed", type=int, default=0, help="sample j of problem i uses seed + i * N + j (default 0)")
+    sampling.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="problem i is sampled from seed + i * N (vLLM: its sample j from seed + i * N + j); default 0",
+    )
     parser.add_argument(
         "--pass-k",
         type=_positive_int,

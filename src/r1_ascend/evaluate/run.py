@@ -9,7 +9,6 @@ set starts; ``evaluation.json`` and ``evaluation.md`` are written at the end.
 from __future__ import annotations
 
 import json
-import logging
 import re
 import sys
 import time
@@ -25,8 +24,6 @@ from r1_ascend.evaluate import generation as gen
 from r1_ascend.evaluate.problems import Problem, read_problems
 from r1_ascend.evaluate.prompts import load_tokenizer, prompt_ids
 from r1_ascend.evaluate.scoring import malformed_samples, reward_fn, score_sample
-
-logger = logging.getLogger(__name__)
 
 REWARD_NAME = "r1_ascend.recipe.deepscaler_reward.compute_score"
 COUNTING = (
@@ -172,9 +169,9 @@ def evaluate(options: EvalOptions, *, out: TextIO | None = None, err: TextIO | N
     started = datetime.now(UTC).isoformat(timespec="seconds")
     check_model_dir(options.model_dir)
     check_output_dir(options.output_dir, options.overwrite)
-    options.output_dir.mkdir(parents=True, exist_ok=True)
     paths = data_files(options)
     sets = read_problems(paths, options.limit)
+    options.output_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(options.model_dir, trust_remote_code=options.trust_remote_code)
     rendered = {name: render(tokenizer, problems) for name, problems in sets.items()}
     lengths = [len(ids) for _, by_index in rendered.values() for ids in by_index.values()]
@@ -198,6 +195,9 @@ def evaluate(options: EvalOptions, *, out: TextIO | None = None, err: TextIO | N
         flush=True,
     )
     backend = backends.BACKENDS[backend_name](spec) if lengths else None
+    engine = _engine(backend)
+    if engine is not None and engine["memory"]:
+        print(f"r1-ascend evaluate: vLLM memory plan: {engine['memory']}", file=err, flush=True)
     sampling = gen.SamplingOptions(options.samples, options.temperature, options.top_p, options.max_new_tokens)
     compute_score = reward_fn()
     runs = []
@@ -225,7 +225,7 @@ def evaluate(options: EvalOptions, *, out: TextIO | None = None, err: TextIO | N
         },
         "reward": REWARD_NAME,
         "counting": COUNTING,
-        "engine": _engine(backend),
+        "engine": engine,
         "started": started,
         "elapsed_s": round(time.monotonic() - start, 3),
     }

@@ -155,8 +155,14 @@ class VllmBackend:
         self.plan = memory_plan(info, int(self.kwargs["tensor_parallel_size"]), self.kwargs["gpu_memory_utilization"])
         check_fits(self.plan, info)
         self.tokenizer = spec.tokenizer
-        import vllm  # after the checks: importing it takes seconds
-
+        try:
+            import vllm  # after the checks: importing it takes seconds
+        except ImportError as exc:
+            msg = (
+                f"vLLM cannot be imported here ({exc}); it needs the NPU stack (vllm-ascend, torch_npu, CANN). On a "
+                "machine without NPUs use --backend transformers"
+            )
+            raise EngineConfigError(msg) from exc
         self.llm = vllm.LLM(**self.kwargs)
 
     def generate(
