@@ -22,7 +22,7 @@ pytestmark = [
 
 N = 3  # samples per problem
 ROWS = 2  # problems per set
-MAX_NEW = 16
+MAX_NEW = 8
 
 
 def any_correct_share(flags: list[bool], k: int) -> Fraction:
