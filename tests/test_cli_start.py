@@ -47,9 +47,15 @@ def test_help_imports_no_heavy_stack(command: str) -> None:
 
 @pytest.mark.parametrize(
     "argv",
-    [["rehearse", "--steps", "1"], ["rehearse", "--fault", "no-such-fault"], ["rehearse", "--lr", "-1"]],
+    [
+        ["rehearse", "--steps", "1"],
+        ["rehearse", "--fault", "no-such-fault"],
+        ["rehearse", "--lr", "-1"],
+        ["evaluate", "/no/such/model"],
+        ["evaluate", "model", "--pass-k", "65"],
+    ],
 )
-def test_rehearse_argument_errors_import_no_heavy_stack(argv: list[str]) -> None:
+def test_argument_errors_import_no_heavy_stack(argv: list[str]) -> None:
     result = heavy_imports(argv)
     assert result["code"] == 2
     assert result["loaded"] == [], f"r1-ascend {' '.join(argv)} imported {result['loaded']}"

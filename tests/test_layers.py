@@ -8,8 +8,8 @@ Layers, lowest first; a module may import its own layer and the layers below it,
 3. ``r1_ascend.data`` and ``r1_ascend.recipe`` (the recipe may import data, data not the recipe);
 4. platform: ``r1_ascend.cpu``, the CPU platform the rehearsal and ``check-model --cpu`` run on (it never imports a
    tool, so the rehearsal attaches to it, not it to the rehearsal);
-5. tools: ``r1_ascend.launch``, ``weights``, ``report``, ``rehearse``, ``doctor``, ``cli``, ``mindspeed_source``,
-   and the benchmark scripts;
+5. tools: ``r1_ascend.launch``, ``weights``, ``report``, ``evaluate``, ``rehearse``, ``doctor``, ``cli``,
+   ``mindspeed_source``, and the benchmark scripts;
 6. ``r1_ascend.testing``: test support. Only tests, ``conftest.py``, the rehearsal's CPU site
    (``r1_ascend/rehearse/site/``, a CPU stand-in by design) and ``r1_ascend.testing`` itself import it.
 
@@ -67,6 +67,7 @@ TOOL_MODULES = (
     "r1_ascend.launch",
     "r1_ascend.weights",
     "r1_ascend.report",
+    "r1_ascend.evaluate",
     "r1_ascend.rehearse",
     "r1_ascend.doctor",
     "r1_ascend.cli",

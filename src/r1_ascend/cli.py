@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "convert-weights": ("r1_ascend.weights.cli", "FP8->BF16, config fix and HF->Megatron conversion"),
     "preflight": ("r1_ascend.launch.preflight", "check a run configuration before taking the cluster"),
     "check-model": ("r1_ascend.weights.model_check", "the Megatron actor from the dist checkpoint vs transformers"),
+    "evaluate": ("r1_ascend.evaluate.cli", "pass@1 / pass@k of an HF checkpoint on AIME24, AMC, MATH-500 (R1 setup)"),
     "report": ("r1_ascend.report.cli", "timing table, curves and run comparison from verl logs"),
     "guard-levels": ("r1_ascend.report.guard_levels", "the rollout guard's warn/stop levels measured on healthy runs"),
     "rehearse": ("r1_ascend.rehearse.run", "the whole run on one CPU machine: Ray nodes, verl loop, kill, resume"),

@@ -25,6 +25,7 @@ from r1_ascend.report.compare import (
     compare_runs,
     exit_code,
 )
+from r1_ascend.report.evaluation import EvaluationInputError, find_evaluations
 from r1_ascend.report.markdown import comparison_markdown, fmt, render_report, status_line
 from r1_ascend.report.run import DEFAULT_SAMPLE_CHARS, DEFAULT_SAMPLES, RunData, RunInputError, load_run
 from r1_ascend.report.run_config import RunConfigError
@@ -127,6 +128,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--samples", type=int, default=DEFAULT_SAMPLES, help=samples)
     chars = f"characters kept per prompt/response (default {DEFAULT_SAMPLE_CHARS})"
     parser.add_argument("--sample-chars", type=_positive_int, default=DEFAULT_SAMPLE_CHARS, help=chars)
+    parser.add_argument(
+        "--evaluation",
+        type=Path,
+        action="append",
+        metavar="FILE",
+        help="an r1-ascend evaluate result (evaluation.json) to show beside the curves (repeatable; default: every "
+        "evaluation.json inside the run directories)",
+    )
     parser.add_argument("--no-figures", action="store_true", help="skip the PNG curves")
     parser.add_argument(
         "--no-dumps", action="store_true", help="do not read generation JSONL dumps (they can be large)"
@@ -186,7 +195,7 @@ def main(argv: list[str]) -> int:
             )
             return EXIT_ERROR
         return _run_report(args)
-    except (RunInputError, RunConfigError, TensorboardUnavailableError, OSError) as exc:
+    except (RunInputError, RunConfigError, TensorboardUnavailableError, EvaluationInputError, OSError) as exc:
         print(f"r1-ascend report: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
 
@@ -206,6 +215,7 @@ def _run_report(args: argparse.Namespace) -> int:
     from r1_ascend.report.figures import write_figures
 
     run = _load(args.paths, args, args.name)
+    evaluations = find_evaluations(args.paths, args.evaluation)
     first = args.paths[0]
     out_dir: Path = args.out or ((first if first.is_dir() else first.parent) / "report")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -213,7 +223,8 @@ def _run_report(args: argparse.Namespace) -> int:
     table = build_timing_table(run, window, args.dies_per_card)
     figures = [] if args.no_figures else write_figures(run, out_dir, args.dies_per_card)
     report_path = out_dir / "report.md"
-    report_path.write_text(render_report(run, table, figures, args.dies_per_card, out_dir), encoding="utf-8")
+    text = render_report(run, table, figures, args.dies_per_card, out_dir, evaluations)
+    report_path.write_text(text, encoding="utf-8")
     _write_csv(table, out_dir / "timing.csv")
     print(f"wrote {report_path}")
     print(f"wrote {out_dir / 'timing.csv'}")
@@ -221,6 +232,8 @@ def _run_report(args: argparse.Namespace) -> int:
         if figure.written:
             print(f"wrote {out_dir / figure.filename}")
     _print_summary(table)
+    for item in evaluations:
+        print(f"evaluation: {item.path}" + ("" if item.doc is not None else f" skipped: {item.problem}"))
     print(status_line(run).replace("**", ""))
     if run.problems:
         print(f"note: {len(run.problems)} unreadable log fragment(s) skipped; listed in {report_path}")

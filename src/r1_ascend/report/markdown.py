@@ -11,6 +11,7 @@ from r1_ascend.patches.rules import rollout_guard as guard
 from r1_ascend.report import metric_names as mn
 from r1_ascend.report.attempts import COMPLETED, DIED, Attempt
 from r1_ascend.report.compare import CheckResult, regressed_stages
+from r1_ascend.report.evaluation import EvaluationFile, evaluation_section
 from r1_ascend.report.figures import FigureResult, guard_level_series, layer_series
 from r1_ascend.report.run import RunData, problems_summary
 from r1_ascend.report.timing import COLUMNS, RESHARD_DERIVED, RESHARD_FROM_TIMER, TimingTable
@@ -77,6 +78,7 @@ def render_report(
     figures: list[FigureResult],
     dies_per_card: int,
     base_dir: Path,
+    evaluations: list[EvaluationFile] | None = None,
 ) -> str:
     out = [f"# Run report: {run.name}", ""]
     out += _sources_section(run, base_dir)
@@ -108,6 +110,7 @@ def render_report(
                 out.append(f"- {column.header} (`{column.source}`): {_step_list(steps)}")
         out.append("")
     out += _validation_section(run)
+    out += evaluation_section(evaluations or [], base_dir)
     out += _consistency_section(run)
     out += _expert_load_section(run)
     out += _figures_section(figures)
