@@ -44,6 +44,6 @@ def resolve_in_config(config: Any) -> None:
     """Replace a ``pkg://`` ``custom_reward_function.path`` of an OmegaConf config by its file, in place."""
     from omegaconf import OmegaConf
 
-    path = OmegaConf.select(config, "custom_reward_function.path", default=None)
+    path = OmegaConf.select(config, "custom_reward_function.path")
     if isinstance(path, str) and path.startswith(PREFIX):
-        OmegaConf.update(config, "custom_reward_function.path", resolve(path), merge=False)
+        OmegaConf.update(config, "custom_reward_function.path", resolve(path))

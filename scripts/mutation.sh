@@ -42,6 +42,10 @@ rehearse/faults|src/r1_ascend/rehearse/faults.py|tests/launch/test_rehearse_faul
 rehearse/process_faults|src/r1_ascend/rehearse/process_faults.py|tests/launch/test_rehearse_faults.py tests/launch/test_fault_verdicts.py tests/launch/test_fault_hold.py|plan_for|stage_entered|with_descendants|raylet_of
 recipe/watchdog|recipe/watchdog.py|tests/recipe/test_watchdog.py tests/recipe/test_watchdog_decisions.py|
 weights/ckpt_root|src/r1_ascend/weights/ckpt_root.py|tests/weights/test_ckpt_root.py tests/weights/test_ckpt_root_boundaries.py|
+launch/shared_dir|src/r1_ascend/launch/shared_dir.py|tests/launch/test_shared_dir.py|
+launch/output_dir|src/r1_ascend/launch/output_dir.py|tests/launch/test_output_dir.py|
+checkout|src/r1_ascend/checkout.py|tests/test_checkout.py|
+recipe/reward_file|recipe/reward_file.py|tests/recipe/test_reward_file.py|
 report/compare|src/r1_ascend/report/compare.py|tests/report/test_compare.py tests/report/test_compare_stages.py tests/report/test_compare_boundaries.py|
 "
 
@@ -64,8 +68,9 @@ stage() {
     for package in patches recipe data; do
         cp -r "${package}" "${dir}/r1_ascend/${package}"
     done
-    # the folders as well, unchanged, for tests that read them by path (recipe/config/*.yaml, ...)
-    cp -r src patches recipe data tests docs scripts requirements benchmarks conftest.py pyproject.toml README.md \
+    # the folders as well, unchanged, for tests that read them by path (recipe/config/*.yaml, ...); never src/: mutmut
+    # puts mutants/src first on sys.path, and a copy there would be imported instead of the mutants
+    cp -r patches recipe data tests docs scripts requirements benchmarks conftest.py pyproject.toml README.md \
         Dockerfile "${dir}/"
     find "${dir}" -name __pycache__ -prune -exec rm -rf {} +
     # mutmut runs pytest many times in one process: Hypothesis then sees a test class's method called from several
@@ -95,7 +100,7 @@ PROFILE
 [tool.mutmut]
 source_paths = ["r1_ascend"]
 only_mutate = ["${staged}"]
-also_copy = ["conftest.py", "src", "patches", "recipe", "data", "docs", "scripts", "requirements", "benchmarks", "README.md",
+also_copy = ["conftest.py", "patches", "recipe", "data", "docs", "scripts", "requirements", "benchmarks", "README.md",
     "Dockerfile"]
 pytest_add_cli_args_test_selection = ["-m", "not slow", "-k", "not test_weakening_a_check_is_caught", ${tests[*]}]
 EOF

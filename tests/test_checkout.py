@@ -11,9 +11,15 @@ from r1_ascend import checkout, envs
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_an_editable_checkout_is_found_from_the_package():
-    assert checkout.checkout_root({}) == REPO
-    assert checkout.script("ray_start_npu.sh", {}) == REPO / "scripts" / "ray_start_npu.sh"
+def test_a_package_in_a_checkouts_src_finds_that_checkout():
+    package_file = str(REPO / "src" / "r1_ascend" / "checkout.py")
+    assert checkout.checkout_root({}, package_file=package_file) == REPO
+
+
+def test_the_imported_package_finds_a_checkout_with_the_scripts():
+    root = checkout.checkout_root({})
+    assert checkout.is_checkout(root)
+    assert checkout.script("ray_start_npu.sh", {}) == root / "scripts" / "ray_start_npu.sh"
 
 
 def test_home_wins_and_must_be_a_checkout(tmp_path):
@@ -26,5 +32,10 @@ def test_home_wins_and_must_be_a_checkout(tmp_path):
 
 def test_an_installed_package_outside_a_checkout_asks_for_home(tmp_path):
     installed = tmp_path / "lib" / "site-packages" / "r1_ascend" / "checkout.py"
-    with pytest.raises(checkout.CheckoutNotFoundError, match="set R1_ASCEND_HOME"):
+    with pytest.raises(checkout.CheckoutNotFoundError) as raised:
         checkout.checkout_root({}, package_file=str(installed))
+    assert str(raised.value) == (
+        f"the r1_ascend package is installed at {installed.parent}, outside a checkout, and R1_ASCEND_HOME is unset; "
+        "set R1_ASCEND_HOME to the r1-ascend repository (the image's is /opt/r1-ascend) so that its scripts/ can be "
+        "run"
+    )

@@ -24,7 +24,45 @@ bad line without the separator
 def test_mountinfo_is_read_as_the_kernel_writes_it():
     mounts = parse_mountinfo(CONTAINER)
     assert [m.point for m in mounts] == ["/", "/proc", "/shared", "/shared/fast disk"]
+    assert mounts[0] == Mount("/", "overlay", "overlay")  # after its optional field (master:1)
     assert mounts[2] == Mount("/shared", "nfs4", "10.0.0.9:/export")
+
+
+@pytest.mark.parametrize(
+    ("escaped", "plain"),
+    [("/a\\040b", "/a b"), ("/a\\011b", "/a\tb"), ("/a\\012b", "/a\nb"), ("/a\\134b", "/a\\b"), ("/a\\0b", "/a\\0b")],
+)
+def test_octal_escapes_in_paths_are_read_back(escaped, plain):
+    (mount,) = parse_mountinfo(f"1 0 8:1 / {escaped} rw - ext4 /dev/{escaped[1:]} rw")
+    assert mount.point == plain
+    assert mount.source == "/dev/" + plain[1:]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "1 0 8:1 / /x rw ext4 /dev/sda rw",  # no separator
+        "1 0 8:1 / - ext4 /dev/sda",  # fewer than six fields before it
+        "1 0 8:1 / /x rw - ext4",  # no source after the type
+        "",
+    ],
+)
+def test_lines_not_of_the_kernels_shape_are_skipped(line):
+    assert parse_mountinfo(line) == []
+
+
+def test_a_mount_point_named_like_the_separator_is_still_a_mount_point():
+    (mount,) = parse_mountinfo("1 0 8:1 / /x rw,relatime - - /dev/sda rw")  # fstype "-" after the separator
+    assert mount == Mount("/x", "-", "/dev/sda")
+
+
+def test_read_mounts_reads_the_file_and_survives_its_absence(tmp_path):
+    info = tmp_path / "mountinfo"
+    info.write_bytes(b"1 0 8:1 / /caf\xe9 rw - ext4 /dev/sda rw\n")  # not UTF-8: replaced, not fatal
+    (mount,) = output_dir.read_mounts(info)
+    assert mount.point.startswith("/caf")
+    assert mount.fstype == "ext4"
+    assert output_dir.read_mounts(tmp_path / "missing") == []
 
 
 @pytest.mark.parametrize(
@@ -61,6 +99,18 @@ def test_the_last_mounted_of_two_on_one_point_wins():
 )
 def test_only_an_overlay_on_root_is_the_containers_own_disk(mount, expected):
     assert on_container_root(mount) is expected
+
+
+def test_writability_asks_for_write_and_search_permission(monkeypatch, tmp_path):
+    asked = []
+
+    def access(path, mode):
+        asked.append(mode)
+        return False
+
+    monkeypatch.setattr(output_dir.os, "access", access)
+    assert "is not writable by this user" in unwritable(tmp_path / "run")
+    assert asked == [os.W_OK | os.X_OK]
 
 
 def test_writability_is_judged_at_the_nearest_existing_directory(tmp_path):

@@ -15,6 +15,15 @@ from r1_ascend.launch import ray_cluster, shared_dir
 from r1_ascend.launch.ray_cluster import ClusterState
 
 
+def test_the_head_writes_a_fresh_random_token_under_a_directory_it_creates(tmp_path):
+    shared = tmp_path / "outputs" / ".r1-ascend" / "cluster"  # OUTPUT_DIR may be new
+    token = shared_dir.write_token(shared)
+    assert (shared / shared_dir.TOKEN).read_text() == token + "\n"
+    assert len(token) == 2 * shared_dir.TOKEN_BYTES
+    assert int(token, 16) >= 0
+    assert shared_dir.write_token(shared) != token
+
+
 def test_a_node_marks_the_current_token_and_a_fresh_token_drops_old_marks(tmp_path):
     token = shared_dir.write_token(tmp_path)
     assert shared_dir.mark(tmp_path, "10.0.0.2", timeout=1) == token
@@ -38,8 +47,13 @@ def test_without_a_token_nothing_is_marked(tmp_path):
 
 def test_a_node_that_sees_no_token_says_so_in_time(tmp_path):
     start = time.monotonic()
-    with pytest.raises(FileNotFoundError, match="does not see the head's OUTPUT_DIR"):
+    expected = (
+        f"no token at {tmp_path / shared_dir.TOKEN} after 0.3 s: the head writes it there before it starts Ray, so "
+        "this node does not see the head's OUTPUT_DIR (a local directory, or another mount)"
+    )
+    with pytest.raises(FileNotFoundError) as raised:
         shared_dir.mark(tmp_path, "10.0.0.2", timeout=0.3, poll=0.05)
+    assert str(raised.value) == expected
     assert time.monotonic() - start < 2
     assert not (tmp_path / shared_dir.NODES).exists(), "no mark is written without the token"
 

@@ -21,7 +21,15 @@ def test_plain_paths_are_unchanged(path):
 
 
 @pytest.mark.parametrize(
-    "path", ["pkg://r1_ascend.recipe.no_such_reward", "pkg://no_such_package.reward", "pkg://", "pkg://.relative"]
+    "path",
+    [
+        "pkg://r1_ascend.recipe.no_such_reward",
+        "pkg://no_such_package.reward",
+        "pkg://",
+        "pkg://.relative",
+        "pkg://sys",  # built in: no file at all
+        "pkg://math",  # an extension module: a file, but not Python source
+    ],
 )
 def test_a_module_that_is_not_there_or_has_no_source_file_is_refused_naming_it(path):
     with pytest.raises(RewardFileError, match=r"custom_reward_function\.path="):
@@ -36,3 +44,16 @@ def test_the_config_gets_the_file_in_place_and_a_file_path_is_kept():
     resolve_in_config(kept)
     assert kept.custom_reward_function.path == "/x/reward.py"
     resolve_in_config(OmegaConf.create({}))  # no reward section: nothing to do
+
+
+def test_the_refusal_says_what_to_give_instead():
+    with pytest.raises(RewardFileError) as raised:
+        resolve("pkg://r1_ascend.recipe.no_such_reward")
+    assert str(raised.value) == (
+        "custom_reward_function.path=pkg://r1_ascend.recipe.no_such_reward: no installed module "
+        "'r1_ascend.recipe.no_such_reward' with a source file; give a module of the installed r1_ascend package "
+        "(pkg://r1_ascend.recipe.deepscaler_reward) or a file path"
+    )
+    with pytest.raises(RewardFileError) as raised:
+        resolve("pkg://no_such_package.reward")
+    assert "(ModuleNotFoundError: No module named 'no_such_package'); give a module" in str(raised.value)

@@ -10,6 +10,7 @@ same directory is checked by the head before the launch (:mod:`r1_ascend.launch.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,21 +26,25 @@ class Mount:
     source: str
 
 
+_OCTAL = re.compile(r"\\([0-7]{3})")
+
+
 def _unescape(field: str) -> str:
-    """mountinfo writes space, tab, newline and backslash in paths as octal escapes (``\\040``)."""
-    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
-        field = field.replace(code, char)
-    return field
+    """mountinfo writes space, tab, newline and backslash in paths as three-digit octal escapes (``\\040``)."""
+    return _OCTAL.sub(lambda match: chr(int(match.group(1), 8)), field)
 
 
 def parse_mountinfo(text: str) -> list[Mount]:
-    """The mounts of ``/proc/self/mountinfo`` text (lines it cannot read are skipped: the kernel writes them)."""
+    """The mounts of ``/proc/self/mountinfo`` text: ``ID PARENT MAJOR:MINOR ROOT POINT OPTIONS [OPTIONAL...] - TYPE
+    SOURCE SUPER``; a line not of that shape is skipped (the kernel writes them all so)."""
     mounts = []
     for line in text.splitlines():
-        before, sep, after = line.partition(" - ")
-        fields, tail = before.split(), after.split()
-        if sep and len(fields) >= 5 and len(tail) >= 2:
-            mounts.append(Mount(_unescape(fields[4]), tail[0], _unescape(tail[1])))
+        fields = line.split()
+        if "-" not in fields[6:]:
+            continue
+        separator = fields.index("-", 6)
+        if len(fields) >= separator + 3:
+            mounts.append(Mount(_unescape(fields[4]), fields[separator + 1], _unescape(fields[separator + 2])))
     return mounts
 
 
@@ -76,6 +81,6 @@ def unwritable(path: Path) -> str | None:
 
 def read_mounts(mountinfo: Path = MOUNTINFO) -> list[Mount]:
     try:
-        return parse_mountinfo(mountinfo.read_text(encoding="utf-8", errors="replace"))
+        return parse_mountinfo(mountinfo.read_bytes().decode(errors="replace"))
     except OSError:
         return []

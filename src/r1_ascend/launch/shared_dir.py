@@ -21,6 +21,8 @@ from r1_ascend.atomic import atomic_write_text
 
 TOKEN = "token"
 NODES = "nodes"
+#: Random bytes of a token (written as hex): two starts never share one.
+TOKEN_BYTES = 16
 #: Seconds between looks at the shared directory (a network file system may show a new file after a while).
 POLL_SECONDS = 0.5
 
@@ -28,15 +30,15 @@ POLL_SECONDS = 0.5
 def write_token(shared: Path) -> str:
     """A fresh token for this cluster start (earlier nodes' marks are removed with the old one)."""
     shutil.rmtree(shared / NODES, ignore_errors=True)
-    (shared / NODES).mkdir(parents=True, exist_ok=True)
-    token = secrets.token_hex(16)
+    (shared / NODES).mkdir(parents=True)
+    token = secrets.token_hex(TOKEN_BYTES)
     atomic_write_text(shared / TOKEN, token + "\n")
     return token
 
 
 def read_text(path: Path) -> str | None:
     try:
-        return path.read_text(encoding="utf-8").strip()
+        return path.read_text().strip()
     except OSError:
         return None
 
@@ -53,7 +55,7 @@ def mark(shared: Path, node_ip: str, timeout: float, poll: float = POLL_SECONDS)
             )
             raise FileNotFoundError(msg)
         time.sleep(poll)
-    (shared / NODES).mkdir(parents=True, exist_ok=True)
+    (shared / NODES).mkdir(exist_ok=True)  # the head made it with the token; a node only fills it
     atomic_write_text(shared / NODES / node_ip, token + "\n")
     return token
 
