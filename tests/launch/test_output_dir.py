@@ -14,6 +14,7 @@ from r1_ascend.launch.output_dir import Mount, mount_of, on_container_root, pars
 #: /proc/self/mountinfo of a container: the overlay root, a bind-mounted shared directory, a path with a space.
 CONTAINER = """\
 500 400 0:52 / / rw,relatime master:1 - overlay overlay rw,lowerdir=/l,upperdir=/u,workdir=/w
+a line of another shape, between two mounts
 501 500 0:53 / /proc rw,nosuid - proc proc rw
 502 500 259:1 /export/shared /shared rw,relatime - nfs4 10.0.0.9:/export rw,vers=4.2
 503 502 259:2 / /shared/fast\\040disk rw - xfs /dev/nvme1n1 rw
@@ -49,6 +50,10 @@ def test_octal_escapes_in_paths_are_read_back(escaped, plain):
 )
 def test_lines_not_of_the_kernels_shape_are_skipped(line):
     assert parse_mountinfo(line) == []
+
+
+def test_a_line_ending_at_its_source_is_a_mount():
+    assert parse_mountinfo("1 0 8:1 / /x rw - ext4 /dev/sda") == [Mount("/x", "ext4", "/dev/sda")]
 
 
 def test_a_mount_point_named_like_the_separator_is_still_a_mount_point():
