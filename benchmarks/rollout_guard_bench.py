@@ -6,14 +6,18 @@ verl's weight export, the CPU rollout engine, a GRPO step per iteration) on the 
 - healthy: ``--steps`` steps for every seed in ``--seeds`` and every dtype in ``--dtypes``; per statistic the
   mean, p99 and maximum over all steps;
 - faults: every fault of :mod:`r1_ascend.rehearse.rollout_faults` planted at step ``--fault-step`` (healthy steps
-  before it) for every seed; per fault and statistic the value at the planted step and its separation, the value
-  divided by the healthy maximum of the same dtype, and whether the levels warn or stop there (the CPU
-  rehearsal's levels, or those of ``--config``); a fault the rollout's weight loader refuses is written down as
-  refused, with the loader's message.
+  before it; default: the first step after calibration) for every seed; per fault and statistic the value at the
+  planted step and its separation, the value divided by the healthy maximum of the same dtype, and whether the
+  guard warns or stops there at the levels that seed's run has in force then (the shipped settings, or those of
+  ``--config``: the absolute levels while calibrating, then those calibrated from the seed's healthy steps before
+  the fault); a fault the rollout's weight loader refuses is written down as refused, with the loader's message.
+  Healthy steps are judged as a run judges them (calibration, escalation): the steps above a warn level are
+  counted, and per statistic the least warn margin (warn level / value) over the gated steps is printed.
 
     python benchmarks/rollout_guard_bench.py                       # 5 seeds, bf16 and fp32, all faults
     python benchmarks/rollout_guard_bench.py --seeds 0 --dtypes bf16 --faults expert-swap --json out.json
-    python benchmarks/rollout_guard_bench.py --config recipe/config/grpo_deepseekv3_671b.yaml   # NPU levels
+    python benchmarks/rollout_guard_bench.py --faults none --steps 10   # healthy steps only
+    python benchmarks/rollout_guard_bench.py --config recipe/config/grpo_qwen25_7b.yaml   # another config's settings
 
 The figures are recorded in docs/rollout_guard.md. The process re-executes itself once with the rehearsal's CPU
 site on ``PYTHONPATH`` (the ``torch_npu`` and MindSpeed stand-ins), as every rehearsal process runs.
@@ -46,7 +50,8 @@ def _reexec_with_site() -> None:
     sys.exit(subprocess.call([sys.executable, *sys.argv], env=with_site(os.environ)))
 
 
-def _levels(config_path: Path | None) -> Any:
+def _settings(config_path: Path | None) -> Any:
+    """The guard settings to judge with: the shipped ones the rehearsal runs (default) or those of a config file."""
     from omegaconf import OmegaConf
 
     from r1_ascend.patches.rules import rollout_guard as guard
@@ -65,8 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=["bf16", "fp32"])
     parser.add_argument("--steps", type=int, default=8, help="healthy steps per seed")
-    parser.add_argument("--fault-step", type=int, default=3)
-    parser.add_argument("--faults", nargs="*", help="fault names (default: all)")
+    parser.add_argument(
+        "--fault-step", type=int, help="the step faults are planted in (default: the first after calibration)"
+    )
+    parser.add_argument("--faults", nargs="*", help="fault names (default: all; 'none': healthy steps only)")
     parser.add_argument("--fault-seeds", type=int, nargs="+", help="seeds of the fault runs (default: --seeds)")
     parser.add_argument(
         "--fresh",
@@ -77,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--weights", type=Path, help="the quickstart's converted weights (default: made in a tmp dir)")
     parser.add_argument(
-        "--config", type=Path, help="judge with this config's guard levels (default: the CPU rehearsal's levels)"
+        "--config", type=Path, help="judge with this config's guard settings (default: the shipped ones)"
     )
     parser.add_argument("--json", type=Path, help="write every measured step here")
     args = parser.parse_args(argv)
@@ -92,13 +99,18 @@ def main(argv: list[str] | None = None) -> int:
 
     apply_once()
     mcore_cpu.install()
-    levels = _levels(args.config)
+    settings = _settings(args.config)
+    if args.fault_step is None:
+        args.fault_step = settings.calibration.steps + 1
+    if args.faults != ["none"] and args.steps < args.fault_step - 1:
+        parser.error(f"--steps {args.steps}: the faults of step {args.fault_step} are judged after the healthy steps "
+                     f"before it, so --steps must be at least {args.fault_step - 1}")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         hf_dir, mcore = converted_weights(args.weights) if args.weights else make_weights(Path(tmp))
         records: list[dict[str, Any]] = []
         healthy: dict[str, dict[str, list[float]]] = {}
         started = time.perf_counter()
-        names = args.faults if args.faults else list(rollout_faults.FAULTS)
+        names = [] if args.faults == ["none"] else args.faults if args.faults else list(rollout_faults.FAULTS)
         fault_seeds = args.fault_seeds or args.seeds
         planted: dict[tuple[str, int], Any] = {}
         # one loop per (dtype, seed): the faults (bf16) branch off its healthy steps before --fault-step
@@ -129,22 +141,25 @@ def main(argv: list[str] | None = None) -> int:
         for dtype, by_name in healthy.items():
             steps = len(next(iter(by_name.values())))
             print(f"healthy {dtype}: {steps} steps ({len(args.seeds)} seeds x {args.steps})")
-            print(f"  {'statistic':<18} {'mean':>10} {'p99':>10} {'max':>10} {'warn':>8} {'stop':>8}")
+            print(f"  {'statistic':<18} {'mean':>10} {'p99':>10} {'max':>10} {'warn x':>8}  (least warn level / value)")
+            runs = [[r for r in records if r["kind"] == "healthy" and r["dtype"] == dtype and r["seed"] == seed]
+                    for seed in args.seeds]  # fmt: skip
+            warned, margins = _replay(runs, settings)
             for name, values in by_name.items():
-                warn = f"{levels.warn[name]:g}" if name in guard.GATED else "-"
-                stop = f"{levels.stop[name]:g}" if name in guard.GATED else "-"
+                margin = f"{margins[name]:.2f}" if name in margins else "-"
                 print(
                     f"  {name:<18} {statistics.fmean(values):>10.4g} {_quantile(values, 0.99):>10.4g} "
-                    f"{max(values):>10.4g} {warn:>8} {stop:>8}"
+                    f"{max(values):>10.4g} {margin:>8}"
                 )
-            warned = [r for r in records if r["kind"] == "healthy" and r["dtype"] == dtype and _judge(r, levels)[0]]
-            print(f"  steps above a warn level: {len(warned)}")
+            print(f"  steps above a warn level (judged as a run judges them): {warned or 'none'}")
         print()
-        reference = healthy.get("bf16") or next(iter(healthy.values()))
+        reference = healthy.get("bf16") or next(iter(healthy.values()), {})
         print(f"faults planted at step {args.fault_step} (bf16); separation = value / healthy bf16 max")
         print(f"  {'fault':<20} {'seed':>4} " + " ".join(f"{n:>22}" for n in guard.GATED) + "  verdict")
         for name in names:
             for seed in fault_seeds:
+                before = [r for r in records if r["kind"] == "healthy" and r["dtype"] == "bf16" and r["seed"] == seed]
+                levels = levels_before(before, settings, args.fault_step)
                 result = planted[name, seed]
                 if isinstance(result, gc.SyncRefused):
                     records.append(
@@ -160,14 +175,16 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  {name:<20} {seed:>4}  REFUSED by the loader in step {result.step}: {result.message}")
                     continue
                 record = {"kind": "fault", "dtype": "bf16", "seed": seed, **_record(result)}
+                record["stop_levels"] = dict(levels.stop)
                 records.append(record)
                 cells = []
                 for stat in guard.GATED:
-                    value, top = record["values"][stat], max(reference[stat])
+                    value, top = record["values"][stat], max(reference.get(stat, [0.0]))
                     ratio = value / top if top > 0 else math.inf
                     cells.append(f"{value:>10.4g} ({ratio:>7.1f}x)")
                 warned, stopped = _judge(record, levels)
                 verdict = "STOP " + ",".join(stopped) if stopped else ("warn " + ",".join(warned) if warned else "-")
+                verdict += " (calibrated)" if levels.calibrated else " (absolute levels)"
                 print(f"  {name:<20} {seed:>4} " + " ".join(f"{c:>22}" for c in cells) + f"  {verdict}", flush=True)
         print(f"\ntotal {time.perf_counter() - started:.0f} s")
         if args.json:
@@ -191,6 +208,44 @@ def _judge(record: dict[str, Any], levels: Any) -> tuple[tuple[str, ...], tuple[
 
     verdict = guard.Verdict.judge(stats_from_partials(record["partials"]), levels)
     return verdict.warned, verdict.stopped
+
+
+def levels_before(healthy: list[dict[str, Any]], settings: Any, step: int) -> Any:
+    """The levels a run of these healthy records (one seed) has in force at ``step``: the absolute ones while it
+    calibrates, then those calibrated from its first steps (r1_ascend.patches.rules.rollout_guard.GuardState)."""
+    from r1_ascend.patches.rules import rollout_guard as guard
+    from r1_ascend.rehearse.guard_calibration import stats_from_partials
+
+    before = [(r["step"], stats_from_partials(r["partials"])) for r in healthy if r["step"] < step]
+    return guard.GuardState.after(sorted(before, key=lambda item: item[0]), settings).levels(settings)
+
+
+def _replay(runs: list[list[dict[str, Any]]], settings: Any) -> tuple[list[str], dict[str, float]]:
+    """Each seed's healthy steps judged in order as a run judges them: the steps that warned or stopped, and per
+    statistic the least warn level / value over the gated (calibrated) steps."""
+    from r1_ascend.patches.rules import rollout_guard as guard
+    from r1_ascend.rehearse.guard_calibration import stats_from_partials
+
+    loud: list[str] = []
+    margins: dict[str, float] = {}
+    for records in runs:
+        state = guard.GuardState()
+        for record in sorted(records, key=lambda r: r["step"]):
+            where = f"seed {record['seed']} step {record['step']}"
+            try:
+                verdict = state.judge(stats_from_partials(record["partials"]), settings, step=record["step"],
+                                      in_update=False)  # fmt: skip
+            except guard.RolloutActorMismatchError:
+                loud.append(f"{where}: STOP")
+                break
+            if verdict.warned:
+                loud.append(f"{where}: warn {','.join(verdict.warned)}")
+            if verdict.levels.calibrated:
+                for name in guard.GATED:
+                    value = verdict.values[name]
+                    if value > 0:
+                        margins[name] = min(margins.get(name, math.inf), verdict.levels.warn[name] / value)
+    return loud, margins
 
 
 if __name__ == "__main__":

@@ -79,6 +79,13 @@ class RolloutActorMismatchError(PatchError):
     """The rollout's log-probs disagree with the actor's by more than healthy bf16 runs ever do."""
 
 
+# --- verl_rollout_model_config ------------------------------------------------------------------------------------
+
+
+class RolloutModelConfigError(PatchError, ValueError):
+    """The rollout engine's model configuration differs from the actor's in a field that changes the forward pass."""
+
+
 # --- verl_dpskv3_group_routing ------------------------------------------------------------------------------------
 
 

@@ -15,7 +15,9 @@ Order matters and is deliberate:
 10. ``verl_worker_watchdog`` wraps the worker methods the trainer calls to report their stage; it depends on
     nothing above and wraps none of their targets;
 11. ``verl_moe_expert_load`` wraps the actor's update and megatron-core's expert-bias update to log expert load; it
-    depends on nothing above (``verl_onpolicy_logprob`` wraps forward_backward_batch, which update_policy calls).
+    depends on nothing above (``verl_onpolicy_logprob`` wraps forward_backward_batch, which update_policy calls);
+12. ``verl_rollout_model_config`` wraps the worker's switch to trainer mode, which verl calls once the rollout
+    engine is built (after 4 and 5 built it), to compare the engine's model configuration with the actor's.
 """
 
 from __future__ import annotations
@@ -216,6 +218,12 @@ PATCHES: tuple[PatchSpec, ...] = (
             Target(_ACTOR, "MegatronPPOActor.update_policy", "verl", params=("self", "dataloader")),
         ),
         requires=MappingProxyType({"verl": "0.6.1", "megatron-core": "0.12.1"}),
+        processes=("worker",),
+    ),
+    PatchSpec(
+        name="verl_rollout_model_config",
+        targets=(Target(_MEGATRON_WORKERS, "ActorRolloutRefWorker.trainer_mode", "verl", params=("self",)),),
+        requires=MappingProxyType({"verl": "0.6.1", "vllm": "0.9.1"}),
         processes=("worker",),
     ),
 )

@@ -2,7 +2,8 @@
 
 Target:
 driver — verl.trainer.ppo.ray_trainer.RayPPOTrainer.fit (wrapped: for the run it wraps the trainer's
-``actor_rollout_wg.compute_log_prob`` and ``update_actor``); worker — verl.trainer.ppo.rollout_corr_helper
+``actor_rollout_wg.compute_log_prob`` and ``update_actor``, and the trainer's own ``_save_checkpoint`` and
+``_load_checkpoint``, on the instance); worker — verl.trainer.ppo.rollout_corr_helper
 compute_rollout_corr_metrics_from_logprobs (wrapped: also returns the partial sums of |Δ log-prob| of each update
 micro-batch) and vllm.v1.sample.sampler.Sampler.forward (wrapped: the returned log-probs are those of the
 temperature-scaled distribution the token was sampled from).
@@ -28,17 +29,25 @@ meaningful at equal temperature, which vLLM 0.9.1 does not give (raw-logit log-p
 ``logits / temperature``; the recipes sample at 0.9).
 
 How:
-Settings under the top-level key ``r1_ascend.rollout_guard``: ``enabled`` (default true) and per-statistic levels
-``warn.<statistic>`` and ``stop.<statistic>`` (defaults measured in docs/rollout_guard.md). When enabled, ``fit``
-first requires ``calculate_log_probs``, then wraps the worker group's methods for the run. If the old-log-prob pass
+Settings under the top-level key ``r1_ascend.rollout_guard``: ``enabled`` (default true), the absolute levels
+``warn.<statistic>`` and ``stop.<statistic>``, ``calibration.*`` and ``escalate_after`` (defaults and how they were
+set: docs/rollout_guard.md "Levels"). When enabled, ``fit`` first requires ``calculate_log_probs``, then wraps the
+worker group's methods and the trainer's checkpoint methods for the run. If the old-log-prob pass
 ran, the driver compares its ``old_log_probs`` with ``rollout_log_probs`` over ``response_mask`` before the update;
 if the on-policy shortcut (verl_onpolicy_logprob) skipped the pass, the actor's own log-probs from the update are
 used: the wrapped metrics function emits per-micro-batch partials (sums, counts, maxima), verl merges them over
 data-parallel ranks, and the driver folds them. The statistics (mean, per-sequence maximum and tail fraction of
 |Δ log-prob|, KL estimators, the probability ratio error), the levels in force and the counts join the step's actor
-metrics under ``rollout_guard/``. A statistic above its warn level logs a warning and sets
-``rollout_guard/warned``; above its stop level (or NaN) ``RolloutActorMismatchError`` names the step, the
-statistic, its value, the level and the likely causes. In the engine, ``Sampler.forward`` keeps upstream sampling
+metrics under ``rollout_guard/``. Each step is judged by ``rules.rollout_guard.GuardState``: the run's first
+``calibration.steps`` healthy steps run at the absolute levels and measure its baseline; from then on each statistic
+warns and stops at its factors times the baseline (never below its floor, never above the absolute level). A
+statistic above its warn level logs a warning and sets ``rollout_guard/warned``; above its stop level (or NaN), or on
+the ``escalate_after``-th warned step in a row, ``RolloutActorMismatchError`` names the step, the statistics, their
+values, the levels and how they were set, and the likely causes. Before verl's ``_save_checkpoint`` (whose tracker
+write names the step) the state — the calibration so far and the warned steps in a row — is written to
+``global_step_N/rollout_guard.json``; after verl's ``_load_checkpoint`` resumed a step, it is read back from the
+directory verl resumed from (``calibration.on_resume: recalibrate`` measures a new one). In the engine,
+``Sampler.forward`` keeps upstream sampling
 untouched and replaces only the returned log-probs by those of ``log_softmax(logits / temperature)`` (raw logits
 for greedy rows), what the actor computes.
 Caveats: weights one step stale differ from the actor by one update; whether that is caught depends on the
@@ -61,9 +70,14 @@ log-probs. Setting r1_ascend.rollout_guard.enabled=false keeps the patch install
 from __future__ import annotations
 
 import functools
+import json
 import logging
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+from r1_ascend.atomic import atomic_write_json
 
 from ._install import install_on_import
 from ._registry import PatchSpec, spec_by_module
@@ -99,33 +113,57 @@ def _build_fit(original: Callable[..., Any]) -> Callable[..., Any]:
         guard.check_rollout_config(self.config)
         group = self.actor_rollout_wg
         watcher = StepGuard(self, config)
-        saved = {name: vars(group).get(name) for name in ("compute_log_prob", "update_actor")}
-        group.compute_log_prob = watcher.wrap_compute_log_prob(group.compute_log_prob)
-        group.update_actor = watcher.wrap_update_actor(group.update_actor)
+        wrapped = {
+            group: {
+                "compute_log_prob": watcher.wrap_compute_log_prob(group.compute_log_prob),
+                "update_actor": watcher.wrap_update_actor(group.update_actor),
+            },
+            self: {
+                "_save_checkpoint": watcher.wrap_save(self._save_checkpoint),
+                "_load_checkpoint": watcher.wrap_load(self._load_checkpoint),
+            },
+        }
+        saved = {owner: {name: vars(owner).get(name) for name in names} for owner, names in wrapped.items()}
+        for owner, methods in wrapped.items():
+            for name, method in methods.items():
+                setattr(owner, name, method)
         try:
             return original(self)
         finally:
-            for name, value in saved.items():
-                if value is None:
-                    vars(group).pop(name, None)
-                else:
-                    setattr(group, name, value)
+            for owner, values in saved.items():
+                for name, value in values.items():
+                    if value is None:
+                        vars(owner).pop(name, None)
+                    else:
+                        setattr(owner, name, value)
 
     return fit
 
 
 class StepGuard:
-    """Per-run state on the driver: measures each step from the old-log-prob pass or from the update's partials."""
+    """Per-run state on the driver: measures each step from the old-log-prob pass or from the update's partials,
+    judges it at the levels in force (:class:`rules.rollout_guard.GuardState`: calibration, escalation), and saves
+    and restores that state with the trainer's checkpoints."""
 
     def __init__(self, trainer: Any, config: guard.GuardConfig) -> None:
         self.trainer = trainer
         self.config = config
-        self.pending: guard.DiffStats | None = None
+        self.state = guard.GuardState()
+        self.pending: tuple[guard.DiffStats, guard.Verdict] | None = None
         self.history: list[dict[str, float]] = []
 
     @property
     def step(self) -> int:
         return int(getattr(self.trainer, "global_steps", -1))
+
+    def judge(self, stats: guard.DiffStats, *, in_update: bool) -> guard.Verdict:
+        verdict = self.state.judge(stats, self.config, step=self.step, in_update=in_update)
+        if verdict.warned:
+            warned_steps = len(self.state.warned_run)
+            logger.warning(
+                guard.warning_message(verdict, step=self.step, warned_steps=warned_steps, config=self.config)
+            )
+        return verdict
 
     def wrap_compute_log_prob(self, compute: Callable[[Any], Any]) -> Callable[[Any], Any]:
         from .verl_onpolicy_logprob import MARKER
@@ -138,8 +176,7 @@ class StepGuard:
             stats = guard.DiffStats.from_tensors(
                 output.batch["old_log_probs"], data.batch["rollout_log_probs"], data.batch["response_mask"]
             )
-            guard.check(stats, self.config, step=self.step, in_update=False)  # stop before the update
-            self.pending = stats
+            self.pending = stats, self.judge(stats, in_update=False)  # a stop comes before the update
             return output
 
         return compute_log_prob
@@ -151,9 +188,13 @@ class StepGuard:
             from_update = guard.DiffStats.from_raw_metrics(metrics)
             for key in guard.RAW_KEYS:
                 metrics.pop(key, None)
-            stats, in_update = (self.pending, False) if self.pending is not None else (from_update, True)
-            self.pending = None
-            if stats is None:
+            pending, self.pending = self.pending, None
+            if pending is not None:
+                (stats, verdict), in_update = pending, False
+            elif from_update is not None:
+                stats, in_update = from_update, True
+                verdict = self.judge(stats, in_update=True)
+            else:
                 msg = (
                     f"rollout guard: step {self.step} produced no rollout log-probs to compare (neither the "
                     f"old-log-prob pass nor the actor update saw 'rollout_log_probs'); the rollout must return them "
@@ -161,15 +202,82 @@ class StepGuard:
                     f"'rollout_correction'"
                 )
                 raise guard.RolloutActorMismatchError(msg)
-            verdict = guard.check(stats, self.config, step=self.step, in_update=in_update)
-            if verdict.warned:
-                logger.warning(guard.warning_message(verdict, self.config, step=self.step))
-            values = guard.metrics(stats, self.config, in_update=in_update, verdict=verdict)
+            values = guard.metrics(
+                stats,
+                verdict,
+                in_update=in_update,
+                calibrating=not verdict.levels.calibrated and self.config.calibration.steps > 0,
+                warned_steps=len(self.state.warned_run),
+            )
             self.history.append(values)
             metrics.update(values)
             return output
 
         return update_actor
+
+    # --- the guard's state with the checkpoint ---------------------------------------------------------------
+
+    def wrap_save(self, save: Callable[[], Any]) -> Callable[[], Any]:
+        def _save_checkpoint() -> Any:
+            # written before verl's save, whose last act names the step in the tracker: a tracked step has its state
+            folder = checkpoint_root(self.trainer.config.trainer) / f"global_step_{self.step}"
+            folder.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(folder / guard.STATE_FILE, self.state.record())
+            return save()
+
+        return _save_checkpoint
+
+    def wrap_load(self, load: Callable[[], Any]) -> Callable[[], Any]:
+        def _load_checkpoint() -> Any:
+            result = load()
+            if self.step > 0:  # verl resumed from global_step_<step>
+                self.restore(resumed_folder(self.trainer.config.trainer, self.step))
+            return result
+
+        return _load_checkpoint
+
+    def restore(self, folder: Path) -> None:
+        """The state saved with the checkpoint in ``folder``, or a fresh calibration (``on_resume: recalibrate``, or
+        a checkpoint saved without the guard's state), said in the log either way."""
+        path = folder / guard.STATE_FILE
+        if self.config.calibration.on_resume == guard.RESUME_RECALIBRATE:
+            logger.warning(
+                "patch %s: resumed from %s with calibration.on_resume=%s: the guard measures a new baseline over the "
+                "next %d step(s), at the absolute levels meanwhile",
+                NAME, folder, guard.RESUME_RECALIBRATE, self.config.calibration.steps,
+            )  # fmt: skip
+            return
+        if not path.is_file():
+            logger.warning(
+                "patch %s: resumed from %s, which holds no %s (saved before the guard kept its state, or by a run "
+                "with the guard off): the guard measures a new baseline over the next %d step(s)",
+                NAME, folder, guard.STATE_FILE, self.config.calibration.steps,
+            )  # fmt: skip
+            return
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise guard.RolloutGuardConfigError(guard.unreadable_state(str(path), exc)) from exc
+        self.state = guard.GuardState.from_record(record, str(path))
+        levels = self.state.levels(self.config)
+        done = "calibrated" if levels.calibrated else f"{len(self.state.calibration)} calibration step(s) measured"
+        logger.warning(
+            "patch %s: resumed the guard's state from %s: %s; %d warned step(s) in a row before the resume",
+            NAME, path, done, len(self.state.warned_run),
+        )  # fmt: skip
+
+
+def checkpoint_root(trainer_config: Any) -> Path:
+    """``trainer.default_local_dir`` as verl's ``_save_checkpoint`` and ``_load_checkpoint`` resolve it."""
+    return Path(os.path.abspath(str(trainer_config.default_local_dir)))
+
+
+def resumed_folder(trainer_config: Any, step: int) -> Path:
+    """The ``global_step_<step>`` directory verl 0.6.1's ``_load_checkpoint`` resumed from: ``resume_from_path`` with
+    ``resume_mode=resume_path``, else the tracked step under ``default_local_dir``."""
+    if trainer_config.resume_mode == "resume_path" and trainer_config.get("resume_from_path"):
+        return Path(os.path.abspath(str(trainer_config.resume_from_path)))
+    return checkpoint_root(trainer_config) / f"global_step_{step}"
 
 
 # --- worker: the actor update ---------------------------------------------------------------------------------

@@ -8,7 +8,10 @@ checks import the same functions, so each rule has exactly one definition:
   (``vllm_dp_ep_groups``);
 - ``rollout_config``: rollout engine options the offloading rollout and vllm-ascend 0.9.1 accept
   (``vllm_rollout_offload``, ``vllm_ascend_torchair_live_params``);
-- ``rollout_guard``: the guard's settings, statistic and stop rule (``verl_rollout_guard``);
+- ``rollout_guard``: the guard's settings, statistics, calibrated levels, stop and escalation rules
+  (``verl_rollout_guard``);
+- ``model_config``: which fields of the rollout engine's and the actor's model configurations must be equal
+  (``verl_rollout_model_config``);
 - ``group_routing``: the Megatron actor's DeepSeek-V3 group-limited routing against the rollout's
   (``verl_dpskv3_group_routing``);
 - ``checkpoints``: which ``global_step_N`` checkpoints are complete, which one a resume takes and which ones may be

@@ -337,6 +337,37 @@ def test_cli_exit_codes_and_output(smoke_inputs, capsys):
     assert main(["--config", "no_such_config"]) == 1
 
 
+def test_cli_prints_the_guards_levels_in_force(smoke_inputs, capsys):
+    """The caps, floors and factors of every gated statistic, the calibration length and the escalation count, as
+    the config sets them (here changed on the command line)."""
+    from r1_ascend.patches.rules import rollout_guard as guard
+
+    changed = [
+        "+r1_ascend.rollout_guard.calibration.steps=7",
+        "+r1_ascend.rollout_guard.escalate_after=2",
+        "r1_ascend.rollout_guard.stop.kl_k3=0.04",
+    ]
+    assert main(["--config", SMOKE_OVERLAY, *smoke_inputs.overrides(), *changed]) == 0
+    out = capsys.readouterr().out.splitlines()
+    start = out.index("Rollout guard (r1_ascend.rollout_guard; docs/rollout_guard.md)")
+    rows = {line.split()[0]: line.split()[1:] for line in out[start + 2 : start + 2 + len(guard.GATED)]}
+    assert set(rows) == set(guard.GATED)
+    assert rows["kl_k3"] == [
+        f"{v:g}"
+        for v in (
+            guard.DEFAULT_WARN["kl_k3"],
+            0.04,
+            guard.DEFAULT_FLOOR["kl_k3"],
+            guard.DEFAULT_WARN_FACTOR["kl_k3"],
+            guard.DEFAULT_STOP_FACTOR["kl_k3"],
+        )
+    ]
+    tail = out[start + 2 + len(guard.GATED) :]
+    assert tail[0].startswith("  calibration: the first 7 healthy step(s)")
+    assert tail[1] == "  escalation: 2 warned steps in a row stop the run"
+    assert "compared with the actor's when the engine is built" in tail[2]
+
+
 def test_cli_imports_no_heavy_stack(smoke_inputs):
     """The upstream checks run verl's config code without ``import verl`` (torch); the time is benchmarked in
     benchmarks/preflight_bench.py, not asserted here."""

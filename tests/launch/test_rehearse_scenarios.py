@@ -99,9 +99,15 @@ def test_every_fault_names_a_scenario_with_its_own_plan_and_summary_file(name: s
 
 @pytest.mark.parametrize("name", sorted(n for n, f in ROLLOUT_FAULTS.items() if not f.persistent))
 def test_every_rollout_fault_plants_itself_in_its_plan(name: str) -> None:
+    """A weight or sampling fault in a weight sync; a fault of the engine's configuration in the engine it builds."""
     scenario = scenarios.scenario_for(fault=None, rollout_fault=name, resume_with=None)
     plan = scenario.plan(Plan())
     assert scenario.variant == name
+    if ROLLOUT_FAULTS[name].engine_overrides is not None:
+        assert (plan.engine_fault, plan.rollout_fault) == (name, None)
+        assert f"{name} in the engine's hf_overrides" in scenario.announce.format(log="x", plan=plan)
+        return
+    assert plan.engine_fault is None
     assert plan.rollout_fault is not None
     assert plan.rollout_fault.startswith(f"{name}@")
     assert plan.rollout_fault in scenario.announce.format(log="x", plan=plan)

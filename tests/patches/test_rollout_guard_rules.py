@@ -72,7 +72,7 @@ def test_a_level_that_is_not_a_positive_finite_number_is_refused(value: object) 
         ({"max_mean_abs_diff": 1.0}, "r1_ascend.rollout_guard.max_mean_abs_diff was replaced by "
          "r1_ascend.rollout_guard.stop.abs_diff_mean"),
         ({"levels": {}}, "unknown key(s) ['levels'] under r1_ascend.rollout_guard; valid keys: ['enabled', 'warn', "
-         "'stop']"),
+         "'stop', 'calibration', 'escalate_after']"),
         ({"enabled": "yes"}, "r1_ascend.rollout_guard.enabled must be true or false, got 'yes'"),
     ],
 )  # fmt: skip
@@ -226,14 +226,18 @@ def test_a_statistic_at_its_level_is_not_above_it() -> None:
 
 def test_the_logged_metrics_carry_the_levels_counts_and_flags() -> None:
     settings = GuardConfig()
-    logged = guard.metrics(one_statistic(0.06), settings, in_update=True)
+    verdict = Verdict.judge(one_statistic(0.06), settings)
+    logged = guard.metrics(one_statistic(0.06), verdict, in_update=True, calibrating=True, warned_steps=1)
     assert logged[guard.METRIC_MEAN] == 0.06
     assert logged["rollout_guard/warn/log_prob_abs_diff_mean"] == settings.warn["abs_diff_mean"]
     assert logged["rollout_guard/stop/kl_k3"] == settings.stop["kl_k3"]
+    assert not any(key.startswith(guard.BASELINE_PREFIX) for key in logged), "no baseline at the absolute levels"
     assert (logged[guard.METRIC_TOKENS], logged[guard.METRIC_SEQUENCES]) == (1.0, 1.0)
     assert (logged[guard.METRIC_WARNED], logged[guard.METRIC_IN_UPDATE]) == (1.0, 1.0)
-    quiet = guard.metrics(one_statistic(0.001), settings, in_update=False)
+    assert (logged[guard.METRIC_CALIBRATING], logged[guard.METRIC_WARNED_STEPS]) == (1.0, 1.0)
+    quiet = guard.metrics(one_statistic(0.001), Verdict.judge(one_statistic(0.001), settings), in_update=False)
     assert (quiet[guard.METRIC_WARNED], quiet[guard.METRIC_IN_UPDATE]) == (0.0, 0.0)
+    assert (quiet[guard.METRIC_CALIBRATING], quiet[guard.METRIC_WARNED_STEPS]) == (0.0, 0.0)
 
 
 def test_check_returns_the_verdict_below_stop_and_raises_above() -> None:
@@ -255,12 +259,14 @@ def test_check_returns_the_verdict_below_stop_and_raises_above() -> None:
 def test_the_warning_names_every_statistic_above_warn() -> None:
     settings = GuardConfig()
     verdict = Verdict.judge(one_statistic(0.06), settings)
-    text = guard.warning_message(verdict, settings, step=4)
+    text = guard.warning_message(verdict, step=4, warned_steps=1, config=settings)
     assert text.startswith(
-        "rollout guard: step 4 is above the warn level: rollout_guard/log_prob_abs_diff_mean = 0.06 nats (level "
-        "0.05), rollout_guard/seq_abs_diff_median = 0.06 nats (level 0.05)"
+        "rollout guard: step 4 is above the warn level (the run is still calibrating: the absolute levels apply, and "
+        "this step is left out of the baseline): rollout_guard/log_prob_abs_diff_mean = 0.06 nats (level 0.05), "
+        "rollout_guard/seq_abs_diff_median = 0.06 nats (level 0.05)"
     )
-    assert "Not stopped (stop levels r1_ascend.rollout_guard.stop.*)" in text
+    assert "the absolute level r1_ascend.rollout_guard.warn.abs_diff_mean" in text
+    assert f"Not stopped (1 of {settings.escalate_after} warned steps in a row before the run is stopped)" in text
 
 
 def test_raw_keys_are_prefixed_partials() -> None:

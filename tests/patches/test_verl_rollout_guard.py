@@ -13,7 +13,9 @@ are either synced from the actor or, for the stale case, read from memory that n
 from __future__ import annotations
 
 import itertools
+import json
 import math
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,7 @@ BATCH, TEMPERATURE, STEPS = 16, 0.9, 4
 BASE = (
     "actor_rollout_ref.rollout.calculate_log_probs=true",
     f"actor_rollout_ref.rollout.temperature={TEMPERATURE}",
+    "trainer.resume_mode=disable",
 )
 
 
@@ -134,13 +137,25 @@ def actor_log_probs(policy: TinyPolicy, input_ids: torch.Tensor) -> torch.Tensor
 
 
 class StandInWorkerGroup:
-    """The actor worker group: generation, the old-log-prob pass and an SGD update over ``dp`` ranks."""
+    """The actor worker group: generation, the old-log-prob pass and an SGD update over ``dp`` ranks; checkpoints
+    are a marker file each (what verl's trainer asks of the group when it saves and resumes)."""
 
     def __init__(self, engine_mode: str, *, dp: int = 2, micro: int = 4, lr: float = 0.5) -> None:
         self.policy = TinyPolicy()
         self.engine = StandInEngine(self.policy, engine_mode)
         self.dp, self.micro, self.lr = dp, micro, lr
         self.prompts = torch.randint(0, VOCAB, (BATCH, PROMPT), generator=torch.Generator().manual_seed(2))
+        #: per saved step: whether the guard's state was already on disk when verl's save began
+        self.state_before_save: dict[int, bool] = {}
+        self.loaded: list[str | None] = []
+
+    def save_checkpoint(self, local_path: str, hdfs_path: Any, global_step: int, max_ckpt_to_keep: Any) -> None:
+        self.state_before_save[global_step] = (Path(local_path).parent / guard.STATE_FILE).is_file()
+        Path(local_path).mkdir(parents=True, exist_ok=True)
+        (Path(local_path) / "marker").write_text(str(global_step))
+
+    def load_checkpoint(self, path: str | None, del_local_after_load: bool = False) -> None:
+        self.loaded.append(path)
 
     def generate_sequences(self, _prompts: Any) -> Any:
         from verl import DataProto
@@ -189,19 +204,33 @@ class StandInWorkerGroup:
 
 
 def stand_in_fit(self: Any) -> None:
-    """verl 0.6.1 ``RayPPOTrainer.fit``'s stage order for each step, without Ray, reward or checkpointing."""
+    """verl 0.6.1 ``RayPPOTrainer.fit``'s stage order for each step, without Ray or reward: verl's own
+    ``_load_checkpoint`` first, then ``self.steps`` steps, each saved with verl's own ``_save_checkpoint`` when its
+    number is a multiple of ``self.save_freq`` (0: never)."""
     from verl.utils.metric import reduce_metrics
 
-    self.global_steps = 1
+    self.global_steps = 0
+    self._load_checkpoint()
+    self.global_steps += 1
     self.logged = []
-    for _ in range(STEPS):
+    for _ in range(self.steps):
         batch = self.actor_rollout_wg.generate_sequences(None)
         old = self.actor_rollout_wg.compute_log_prob(batch)
         old.batch.pop("entropys")
         batch = batch.union(old)
         output = self.actor_rollout_wg.update_actor(batch)
         self.logged.append(reduce_metrics(output.meta_info["metrics"]))
+        if self.save_freq and self.global_steps % self.save_freq == 0:
+            self._save_checkpoint()
         self.global_steps += 1
+
+
+class StandInDataLoader:
+    def state_dict(self) -> dict[str, int]:
+        return {"position": 0}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.state = state
 
 
 @pytest.fixture
@@ -217,10 +246,21 @@ def trainer_class(monkeypatch: pytest.MonkeyPatch) -> Iterator[type]:
         forget_applied()
 
 
-def _trainer(trainer_class: type, config: DictConfig, group: StandInWorkerGroup, *, shortcut: bool = False) -> Any:
+def _trainer(
+    trainer_class: type,
+    config: DictConfig,
+    group: StandInWorkerGroup,
+    *,
+    shortcut: bool = False,
+    steps: int = STEPS,
+    save_freq: int = 0,
+) -> Any:
     trainer = object.__new__(trainer_class)
     trainer.config = config
     trainer.actor_rollout_wg = group
+    trainer.steps, trainer.save_freq = steps, save_freq
+    trainer.use_critic = False
+    trainer.train_dataloader = StandInDataLoader()
     if shortcut:  # what verl_onpolicy_logprob's init_workers does on an exactly on-policy config
         group.compute_log_prob = PlaceholderLogProb(TEMPERATURE)
     return trainer
@@ -229,33 +269,49 @@ def _trainer(trainer_class: type, config: DictConfig, group: StandInWorkerGroup,
 # --- the run ----------------------------------------------------------------------------------------------------
 
 
+def _gated(metrics: dict[str, float]) -> dict[str, float]:
+    return {name: metrics[guard.METRIC_NAMES[name]] for name in guard.GATED}
+
+
+def _levels(metrics: dict[str, float], prefix: str) -> dict[str, float]:
+    return {name: metrics[guard.level_key(prefix, name)] for name in guard.GATED}
+
+
 @pytest.mark.parametrize("shortcut", [False, True], ids=["old-log-prob-pass", "on-policy-shortcut"])
 def test_healthy_bf16_rollout_runs_every_step_and_logs_the_guard(
     trainer_class: type, base_config: DictConfig, shortcut: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """The first calibration.steps steps run at the absolute levels; the next at levels calibrated from them, logged
+    with the baseline they come from."""
     trainer = _trainer(trainer_class, base_config, StandInWorkerGroup("synced"), shortcut=shortcut)
     assert patched_by(trainer_class.__dict__["fit"]) == SPEC.name
     trainer.fit()
-    assert len(trainer.logged) == STEPS
-    for metrics in trainer.logged:
-        for name in guard.GATED:
-            assert metrics[guard.METRIC_NAMES[name]] <= guard.DEFAULT_WARN[name], name
-            assert (
-                metrics[guard.WARN_PREFIX + guard.METRIC_NAMES[name].removeprefix(guard.PREFIX)]
-                == (guard.DEFAULT_WARN[name])
-            )
-            assert (
-                metrics[guard.STOP_PREFIX + guard.METRIC_NAMES[name].removeprefix(guard.PREFIX)]
-                == (guard.DEFAULT_STOP[name])
-            )
+    config = guard.GuardConfig.from_config(base_config)
+    calibration = config.calibration.steps
+    assert len(trainer.logged) == STEPS > calibration
+    baseline = guard.baseline_of([_gated(m) for m in trainer.logged[:calibration]])
+    calibrated = guard.calibrated_levels(baseline, config)
+    for number, metrics in enumerate(trainer.logged, start=1):
+        calibrating = number <= calibration
+        levels = guard.Levels.absolute(config) if calibrating else calibrated
+        assert _levels(metrics, guard.WARN_PREFIX) == levels.warn, number
+        assert _levels(metrics, guard.STOP_PREFIX) == levels.stop, number
+        assert metrics[guard.METRIC_CALIBRATING] == float(calibrating)
+        if calibrating:
+            assert not any(key.startswith(guard.BASELINE_PREFIX) for key in metrics)
+        else:
+            assert _levels(metrics, guard.BASELINE_PREFIX) == baseline
+        assert all(_gated(metrics)[name] <= levels.warn[name] for name in guard.GATED), number
         assert 0 < metrics[guard.METRIC_MEAN] <= metrics[guard.METRIC_MAX]
         assert metrics[guard.METRIC_TOKENS] == BATCH * RESPONSE
         assert metrics[guard.METRIC_SEQUENCES] == BATCH
-        assert metrics[guard.METRIC_WARNED] == 0.0
+        assert (metrics[guard.METRIC_WARNED], metrics[guard.METRIC_WARNED_STEPS]) == (0.0, 0.0)
         assert metrics[guard.METRIC_IN_UPDATE] == float(shortcut)
         assert not set(guard.RAW_KEYS) & set(metrics), "partials are folded, not logged"
+    assert calibrated.warn != config.warn, "calibrated levels are tighter than the caps here"
     assert "above the warn level" not in caplog.text
     assert "compute_log_prob" not in vars(trainer.actor_rollout_wg) or shortcut, "the run's wrappers are removed"
+    assert "_save_checkpoint" not in vars(trainer), "the run's wrappers are removed"
 
 
 @pytest.mark.parametrize("shortcut", [False, True], ids=["old-log-prob-pass", "on-policy-shortcut"])
@@ -293,14 +349,28 @@ def test_levels_are_configurable(trainer_class: type, base_config: DictConfig) -
 def test_a_step_above_warn_but_below_stop_is_logged_and_flagged(
     trainer_class: type, base_config: DictConfig, caplog: pytest.LogCaptureFixture
 ) -> None:
-    trainer = _trainer(trainer_class, _config(base_config, warn={"abs_diff_mean": 1e-6}), StandInWorkerGroup("synced"))
+    settings = {"warn": {"abs_diff_mean": 1e-6}, "escalate_after": 0}
+    trainer = _trainer(trainer_class, _config(base_config, **settings), StandInWorkerGroup("synced"))
     trainer.fit()
-    assert len(trainer.logged) == STEPS, "a warning never stops the run"
+    assert len(trainer.logged) == STEPS, "with escalation off a warning never stops the run"
     assert all(metrics[guard.METRIC_WARNED] == 1.0 for metrics in trainer.logged)
+    assert [m[guard.METRIC_WARNED_STEPS] for m in trainer.logged] == [1.0, 2.0, 3.0, 4.0]
     warnings = [r.getMessage() for r in caplog.records if "above the warn level" in r.getMessage()]
     assert len(warnings) == STEPS
     assert "rollout_guard/log_prob_abs_diff_mean = " in warnings[0]
     assert "(level 1e-06)" in warnings[0]
+    assert "the run is still calibrating" in warnings[0], "a warned step is not learned: calibration never ends"
+
+
+def test_warned_steps_in_a_row_escalate_to_a_stop(trainer_class: type, base_config: DictConfig) -> None:
+    escalate_after = guard.GuardConfig.from_config(base_config).escalate_after
+    trainer = _trainer(trainer_class, _config(base_config, warn={"abs_diff_mean": 1e-6}), StandInWorkerGroup("synced"))
+    with pytest.raises(guard.RolloutActorMismatchError) as info:
+        trainer.fit()
+    message = str(info.value)
+    assert message.startswith(f"rollout guard: escalated to a stop at training step {escalate_after}: ")
+    assert f"rollout_guard/log_prob_abs_diff_mean above its warn level in {escalate_after} of them" in message
+    assert len(trainer.logged) == escalate_after - 1, "the warned steps before it ran and were logged"
 
 
 def test_guard_needs_the_rollout_log_probs(trainer_class: type) -> None:
@@ -333,6 +403,7 @@ def test_defaults_are_on_with_the_measured_levels(base_config: DictConfig) -> No
     assert config.enabled
     assert (config.warn, config.stop) == (guard.DEFAULT_WARN, guard.DEFAULT_STOP)
     assert all(config.warn[n] <= config.stop[n] for n in guard.GATED)
+    assert (config.calibration, config.escalate_after) == (guard.Calibration(), guard.DEFAULT_ESCALATE_AFTER)
 
 
 def test_a_level_not_given_keeps_its_default(base_config: DictConfig) -> None:
@@ -352,7 +423,112 @@ def test_shipped_configs_enable_the_guard_and_the_rollout_log_probs() -> None:
             assert set(overlay.r1_ascend.rollout_guard[level]) == set(guard.GATED), (path.name, level)
         assert levels.enabled
     deepseek = guard.GuardConfig.from_config(OmegaConf.load(root / "grpo_deepseekv3_671b.yaml"))
-    assert (deepseek.warn, deepseek.stop) == (guard.DEFAULT_WARN, guard.DEFAULT_STOP), "the code's defaults"
+    assert deepseek == guard.GuardConfig(), "the 671B config's guard settings are the code's defaults"
+    smoke = guard.GuardConfig.from_config(OmegaConf.load(root / "grpo_deepseekv3_smoke.yaml"))
+    assert smoke == deepseek, "the smoke run (and the CPU rehearsal built on it) guards as the 671B run does"
+
+
+# --- the guard's state with the checkpoint -----------------------------------------------------------------------
+
+
+def _resumable(base: DictConfig, root: Path, *extra: str, **guard_settings: Any) -> DictConfig:
+    config = _config(base, **guard_settings)
+    OmegaConf.set_struct(config, False)
+    config.trainer.resume_mode, config.trainer.default_local_dir = "auto", str(root)
+    for item in extra:
+        key, value = item.split("=", 1)
+        OmegaConf.update(config, key, value)
+    return config
+
+
+def _run(trainer_class: type, config: DictConfig, *, steps: int, save_freq: int) -> Any:
+    trainer = _trainer(trainer_class, config, StandInWorkerGroup("synced"), steps=steps, save_freq=save_freq)
+    trainer.fit()
+    return trainer
+
+
+def test_the_calibration_is_saved_with_each_checkpoint_and_restored_on_resume(
+    trainer_class: type, base_config: DictConfig, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A relaunch from a checkpoint taken after calibration gates its first step at the same calibrated levels."""
+    config = _resumable(base_config, tmp_path)
+    calibration = guard.GuardConfig.from_config(config).calibration.steps
+    first = _run(trainer_class, config, steps=calibration + 1, save_freq=1)
+    saved = json.loads((tmp_path / f"global_step_{calibration + 1}" / guard.STATE_FILE).read_text())
+    assert [o["step"] for o in saved["calibration"]] == list(range(1, calibration + 1))
+    assert all(first.actor_rollout_wg.state_before_save.values()), "the state is on disk before verl's save"
+
+    second = _run(trainer_class, config, steps=1, save_freq=0)
+    assert second.actor_rollout_wg.loaded == [str(tmp_path / f"global_step_{calibration + 1}" / "actor")]
+    (resumed,) = second.logged
+    assert resumed[guard.METRIC_CALIBRATING] == 0.0
+    for prefix in (guard.BASELINE_PREFIX, guard.WARN_PREFIX, guard.STOP_PREFIX):
+        assert _levels(resumed, prefix) == _levels(first.logged[-1], prefix), prefix
+    assert "resumed the guard's state from" in caplog.text
+
+
+def test_a_resume_before_calibration_ends_continues_it(
+    trainer_class: type, base_config: DictConfig, tmp_path: Path
+) -> None:
+    config = _resumable(base_config, tmp_path)
+    calibration = guard.GuardConfig.from_config(config).calibration.steps
+    first = _run(trainer_class, config, steps=calibration - 1, save_freq=calibration - 1)
+    second = _run(trainer_class, config, steps=2, save_freq=0)
+    last_calibration, first_gated = second.logged
+    assert (last_calibration[guard.METRIC_CALIBRATING], first_gated[guard.METRIC_CALIBRATING]) == (1.0, 0.0)
+    measured = [_gated(m) for m in [*first.logged, last_calibration]]
+    assert _levels(first_gated, guard.BASELINE_PREFIX) == guard.baseline_of(measured)
+
+
+@pytest.mark.parametrize("why", ["recalibrate", "no-state"])
+def test_a_resume_can_measure_a_new_baseline(
+    trainer_class: type, base_config: DictConfig, tmp_path: Path, caplog: pytest.LogCaptureFixture, why: str
+) -> None:
+    """``calibration.on_resume: recalibrate``, or a checkpoint without the guard's state (saved by an earlier
+    release): the resumed run calibrates again from its first step, and says so."""
+    config = _resumable(base_config, tmp_path)
+    calibration = guard.GuardConfig.from_config(config).calibration.steps
+    _run(trainer_class, config, steps=calibration + 1, save_freq=calibration + 1)
+    if why == "recalibrate":
+        config = _resumable(base_config, tmp_path, calibration={"on_resume": "recalibrate"})
+    else:
+        (tmp_path / f"global_step_{calibration + 1}" / guard.STATE_FILE).unlink()
+    second = _run(trainer_class, config, steps=calibration + 1, save_freq=0)
+    assert [m[guard.METRIC_CALIBRATING] for m in second.logged] == [1.0] * calibration + [0.0]
+    expected = "with calibration.on_resume=recalibrate" if why == "recalibrate" else "which holds no rollout_guard.json"
+    assert expected in caplog.text
+
+
+def test_a_resume_from_a_given_path_reads_the_state_there(
+    trainer_class: type, base_config: DictConfig, tmp_path: Path
+) -> None:
+    """The checkpoint copied elsewhere; the one under default_local_dir lost its state."""
+    config = _resumable(base_config, tmp_path / "run")
+    calibration = guard.GuardConfig.from_config(config).calibration.steps
+    first = _run(trainer_class, config, steps=calibration + 1, save_freq=calibration + 1)
+    saved = tmp_path / "run" / f"global_step_{calibration + 1}"
+    at = tmp_path / "kept" / saved.name
+    shutil.copytree(saved, at)
+    (saved / guard.STATE_FILE).unlink()
+    second = _run(
+        trainer_class,
+        _resumable(base_config, tmp_path / "run", "trainer.resume_mode=resume_path", f"trainer.resume_from_path={at}"),
+        steps=1,
+        save_freq=0,
+    )
+    assert second.actor_rollout_wg.loaded == [str(at / "actor")]
+    assert _levels(second.logged[0], guard.BASELINE_PREFIX) == _levels(first.logged[-1], guard.BASELINE_PREFIX)
+
+
+def test_a_damaged_state_stops_the_resume_naming_the_file(
+    trainer_class: type, base_config: DictConfig, tmp_path: Path
+) -> None:
+    config = _resumable(base_config, tmp_path)
+    _run(trainer_class, config, steps=1, save_freq=1)
+    state = tmp_path / "global_step_1" / guard.STATE_FILE
+    state.write_text("{not json")
+    with pytest.raises(guard.RolloutGuardConfigError, match=f"the rollout guard's state saved in {state} cannot be"):
+        _run(trainer_class, config, steps=1, save_freq=0)
 
 
 # --- the statistics -------------------------------------------------------------------------------------------

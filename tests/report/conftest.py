@@ -118,6 +118,8 @@ EXPERT_PARALLEL = 4
 
 #: The guard levels the fixture's runs log (the mean's; the other statistics keep the defaults).
 GUARD_WARN, GUARD_STOP = 0.4, 0.8
+#: The calibrated baseline the fixture's runs log for every gated statistic.
+GUARD_BASELINE = 0.05
 
 
 def _consistency_metrics(
@@ -134,12 +136,15 @@ def _consistency_metrics(
     batch.batch["old_log_probs"] = actor
     batch.batch["rollout_log_probs"] = rollout
     metrics = verl.debug_metrics(batch)
-    levels = guard.GuardConfig(
+    levels = guard.Levels(  # a run's calibrated levels, with the baseline they were set from
         warn={**guard.DEFAULT_WARN, "abs_diff_mean": GUARD_WARN},
         stop={**guard.DEFAULT_STOP, "abs_diff_mean": GUARD_STOP},
+        baseline=dict.fromkeys(guard.GATED, GUARD_BASELINE),
+        reference=dict.fromkeys(guard.GATED, GUARD_BASELINE),
+        over=(1, 2, 3),
     )
     stats = guard.DiffStats.from_tensors(actor, rollout, mask)
-    metrics.update(guard.metrics(stats, levels, in_update=False))
+    metrics.update(guard.metrics(stats, guard.Verdict.judge(stats, levels), in_update=False))
     return metrics
 
 

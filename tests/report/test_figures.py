@@ -13,7 +13,7 @@ from r1_ascend.report.figure_style import REFERENCE_COLOR, RESUME_COLOR, build_f
 from r1_ascend.report.figures import FIGURES
 from r1_ascend.report.run import load_run
 
-from .conftest import GUARD_STOP, GUARD_WARN, VAL_SAMPLES, VAL_SOURCES, RunWriter
+from .conftest import GUARD_BASELINE, GUARD_STOP, GUARD_WARN, VAL_SAMPLES, VAL_SOURCES, RunWriter
 
 
 def _drift(step: int) -> float:
@@ -62,19 +62,23 @@ def test_every_figure_is_legible(rich_run, spec) -> None:
     figure.canvas.draw()
     data_colours = []
     for axes, lines in zip(figure.axes, _lines_by_axes(figure), strict=True):
-        levels = [line for line in lines if line.get_label().startswith(("warn level", "stop level"))]
+        levels = [
+            line for line in lines if line.get_label().startswith(("warn level", "stop level", "calibrated baseline"))
+        ]
         data = [
             line
             for line in lines
             if line not in levels and to_hex(line.get_color()) not in (RESUME_COLOR, REFERENCE_COLOR)
         ]
         data_colours += [to_hex(line.get_color()) for line in data]
-        # a logged level is drawn in the colour of the series it applies to, thin, warn dotted and stop dashed
+        # a logged level is drawn in the colour of the series it applies to, thin, warn dotted, stop dashed and the
+        # calibrated baseline dash-dotted
         by_label = {line.get_label(): to_hex(line.get_color()) for line in data}
+        styles_of = {"warn": ":", "stop": "--", "calibrated": "-."}
         for line in levels:
             of = line.get_label().split(" (", 1)[1][:-1]
             assert to_hex(line.get_color()) == by_label.get(of, REFERENCE_COLOR), line.get_label()
-            assert line.get_linestyle() == (":" if line.get_label().startswith("warn") else "--")
+            assert line.get_linestyle() == styles_of[line.get_label().split()[0]], line.get_label()
         # the legend is outside the plotted area: its box does not overlap the axes' box
         legend_box = axes.get_legend().get_window_extent()
         axes_box = axes.get_window_extent()
@@ -121,13 +125,11 @@ def test_report_plots_clip_ratio_consistency_and_validation(rich_run, tmp_path: 
         assert value == pytest.approx(sum(n == 32 for n in lengths) / len(lengths))
 
     consistency = next(spec for spec in FIGURES if spec.filename == "rollout_consistency.png").build(run, 2)
-    diffs, kl, tail, verl_diff, pearson = consistency
-    assert set(diffs.series) == {
-        "rollout_guard/log_prob_abs_diff_mean",
-        "rollout_guard/seq_abs_diff_max",
-        "rollout_guard/log_prob_abs_diff_max",
-    }
+    diffs, largest, kl, tail, verl_diff, pearson = consistency
+    assert set(diffs.series) == {"rollout_guard/log_prob_abs_diff_mean", "rollout_guard/seq_abs_diff_median"}
+    assert set(largest.series) == {"rollout_guard/seq_abs_diff_max", "rollout_guard/log_prob_abs_diff_max"}
     assert diffs.log_scale
+    assert largest.log_scale
     assert kl.log_scale
     assert verl_diff.log_scale
     assert not tail.log_scale
@@ -136,7 +138,10 @@ def test_report_plots_clip_ratio_consistency_and_validation(rich_run, tmp_path: 
     assert not any(k.startswith(("rollout_guard/warn/", "rollout_guard/stop/")) for k in plotted)
     assert not plotted & {"rollout_guard/tokens", "rollout_guard/sequences", "rollout_guard/warned"}
     mean_levels = {ref.style: set(ref.values) for ref in diffs.references if ref.of == guard.METRIC_MEAN}
-    assert mean_levels == {"warn": {GUARD_WARN}, "stop": {GUARD_STOP}}
+    assert mean_levels == {"warn": {GUARD_WARN}, "stop": {GUARD_STOP}, "baseline": {GUARD_BASELINE}}
+    median = guard.METRIC_NAMES["seq_abs_diff_median"]
+    assert {ref.style for ref in diffs.references if ref.of == median} == {"warn", "stop", "baseline"}
+    assert {ref.style for ref in kl.references} == {"warn", "stop", "baseline"}
     assert list(kl.series) == ["rollout_guard/kl_k3"]
     assert set(verl_diff.series) == {
         "training/rollout_probs_diff_max",
@@ -151,9 +156,9 @@ def test_report_plots_clip_ratio_consistency_and_validation(rich_run, tmp_path: 
     over_stop = [s for s, v in means.items() if v > GUARD_STOP]
     assert over_warn == list(range(8, 13))
     cells = [c.strip() for c in line.strip("|").split("|")]
-    assert cells[3:5] == [f"{GUARD_WARN:g}", f"{GUARD_STOP:g}"]
-    assert cells[5] == "steps " + ", ".join(map(str, over_warn))
-    assert cells[6] == ("steps " + ", ".join(map(str, over_stop)) if over_stop else "none")
+    assert cells[3:6] == [f"{GUARD_BASELINE:.4g}", f"{GUARD_WARN:g}", f"{GUARD_STOP:g}"]
+    assert cells[6] == "steps " + ", ".join(map(str, over_warn))
+    assert cells[7] == ("steps " + ", ".join(map(str, over_stop)) if over_stop else "none")
     # a count is not a difference: no level applies to it and it is not listed as a statistic
     assert not any(row.startswith("| `rollout_guard/tokens`") for row in report.splitlines())
 

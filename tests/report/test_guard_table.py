@@ -37,7 +37,8 @@ def report(tmp_path: Path, steps: dict[int, dict[str, float]]) -> str:
 
 
 def row(text: str, key: str) -> list[str]:
-    """The cells of the consistency table's row of ``key``: last, max (step), warn, stop, above warn, above stop."""
+    """The cells of the consistency table's row of ``key``: last, max (step), baseline, warn, stop, above warn,
+    above stop."""
     (line,) = [line for line in text.splitlines() if line.startswith(f"| `{key}` |")]
     return [cell.strip() for cell in line.strip("|").split("|")][1:]
 
@@ -49,13 +50,13 @@ def levelled(value: float, warn: float = 0.05, stop: float = 0.1) -> dict[str, f
 def test_a_statistic_at_its_level_is_not_above_it(tmp_path: Path) -> None:
     """The guard warns and stops above a level, not at it."""
     text = report(tmp_path, {1: levelled(0.05), 2: levelled(0.06), 3: levelled(0.1), 4: levelled(0.11)})
-    assert row(text, MEAN)[2:] == ["0.05", "0.1", "steps 2, 3, 4", "steps 4"]
+    assert row(text, MEAN)[2:] == ["–", "0.05", "0.1", "steps 2, 3, 4", "steps 4"]
 
 
 def test_a_nan_statistic_is_above_every_level(tmp_path: Path) -> None:
     """A NaN statistic is never healthy (the guard stops on it); the table must not call its step quiet."""
     text = report(tmp_path, {1: levelled(0.01), 2: levelled(math.nan), 3: levelled(0.02)})
-    last, top, warn, stop, above_warn, above_stop = row(text, MEAN)
+    last, top, _baseline, warn, stop, above_warn, above_stop = row(text, MEAN)
     assert (warn, stop) == ("0.05", "0.1")
     assert (above_warn, above_stop) == ("steps 2", "steps 2")
     assert (last, top) == ("0.02", "0.02 (3)")  # last and max are over the finite values
@@ -64,8 +65,15 @@ def test_a_nan_statistic_is_above_every_level(tmp_path: Path) -> None:
 def test_the_levels_in_force_are_those_of_each_step(tmp_path: Path) -> None:
     """Levels changed between runs (a resume with new settings): each step is judged by its own."""
     text = report(tmp_path, {1: levelled(0.07, warn=0.08), 2: levelled(0.07, warn=0.06)})
-    assert row(text, MEAN)[4] == "steps 2"
-    assert row(text, MEAN)[2] == "0.06"  # the table shows the last level
+    assert row(text, MEAN)[5] == "steps 2"
+    assert row(text, MEAN)[3] == "0.06"  # the table shows the last level
+
+
+def test_the_calibrated_baseline_is_listed_once_logged(tmp_path: Path) -> None:
+    """Logged from the first step after calibration; the table shows the last one, and the levels set from it."""
+    baseline = guard.level_key(guard.BASELINE_PREFIX, "abs_diff_mean")
+    steps = {1: levelled(0.01), 2: {**levelled(0.01, warn=0.02, stop=0.04), baseline: 0.0025}}
+    assert row(report(tmp_path, steps), MEAN)[2:5] == ["0.0025", "0.02", "0.04"]
 
 
 # --- a log of a release before 0.5: one level, rollout_guard/threshold, the mean's stop level --------------------

@@ -442,6 +442,20 @@ def build_vllm_model(model_dir: Path, dtype: torch.dtype, engine_kwargs: Mapping
     return vllm_deepseek.build(config)
 
 
+def with_hf_overrides(config: Any, overrides: Any) -> Any:
+    """``config`` with vLLM 0.9.1's ``hf_overrides`` applied as its ``ModelConfig`` applies them: a mapping updates
+    the config's fields (``PretrainedConfig.update``), a callable returns the config to use."""
+    if overrides is None:
+        return config
+    if callable(overrides):
+        return overrides(config)
+    if not isinstance(overrides, Mapping):
+        msg = f"hf_overrides must be a mapping of config fields or a callable, got {overrides!r}"
+        raise TypeError(msg)
+    config.update(dict(overrides))
+    return config
+
+
 def _checkpoint_tensors(model_dir: Path) -> Iterable[tuple[str, torch.Tensor]]:
     from safetensors import safe_open
 
@@ -653,7 +667,9 @@ class CPUStandInLLM:
         from vllm.v1.sample.sampler import Sampler
 
         self.engine_kwargs = dict(engine_kwargs)
-        self.hf_config = AutoConfig.from_pretrained(model, trust_remote_code=False)
+        self.hf_config = with_hf_overrides(
+            AutoConfig.from_pretrained(model, trust_remote_code=False), self.engine_kwargs.get("hf_overrides")
+        )
         tokenizer = AutoTokenizer.from_pretrained(model)
         self.eos_token_id = tokenizer.eos_token_id
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_id
@@ -667,6 +683,8 @@ class CPUStandInLLM:
         available = kv_cache_bytes(self.runner, KV_CACHE_SEQUENCES * self.max_model_len)
         self.executor = Executor(self.runner, available)
         self.engine_core, self.llm_engine = start_engine(self.executor, self.max_model_len)
+        # vLLM's LLMEngine keeps the model config its model was built from (the overlay's model-config check reads it)
+        self.llm_engine.model_config = types.SimpleNamespace(hf_config=self.hf_config)
         # verl 0.6.1 always passes seed 0; the rehearsal's --seed reaches the sampler through the environment
         self.generator = torch.Generator().manual_seed(int(seed) + envs.rehearse_seed())
         #: vLLM's sampler, built once as the NPU model runner builds it; it samples every decode step

@@ -81,6 +81,31 @@ EXTENSION_KEYS: Mapping[str, str] = {
         for level, defaults in (("warn", rollout_guard.DEFAULT_WARN), ("stop", rollout_guard.DEFAULT_STOP))
         for name in rollout_guard.GATED
     },
+    f"{rollout_guard.CONFIG_KEY}.calibration.steps": (
+        "r1-ascend: the first this many healthy steps of a run measure its baseline, at the absolute levels "
+        f"(default {rollout_guard.DEFAULT_CALIBRATION_STEPS}; 0: no calibration)"
+    ),
+    **{
+        f"{rollout_guard.CONFIG_KEY}.calibration.{what}.{name}": (
+            f"r1-ascend: the calibrated {what.split('_')[0]} level of {name} is this x max(baseline, floor) "
+            f"(default {defaults[name]:g})"
+            if what != "floor"
+            else f"r1-ascend: the least baseline of {name} ({rollout_guard.UNITS[name]}; default {defaults[name]:g})"
+        )
+        for what, defaults in (
+            ("warn_factor", rollout_guard.DEFAULT_WARN_FACTOR),
+            ("stop_factor", rollout_guard.DEFAULT_STOP_FACTOR),
+            ("floor", rollout_guard.DEFAULT_FLOOR),
+        )
+        for name in rollout_guard.GATED
+    },
+    f"{rollout_guard.CONFIG_KEY}.calibration.on_resume": (
+        "r1-ascend: restore (the baseline saved with the checkpoint) or recalibrate on resume (default restore)"
+    ),
+    f"{rollout_guard.CONFIG_KEY}.escalate_after": (
+        f"r1-ascend: this many warned steps in a row stop the run (default {rollout_guard.DEFAULT_ESCALATE_AFTER}; "
+        "0: never)"
+    ),
     f"{watchdog.CONFIG_KEY}.enabled": "r1-ascend: stop a run whose worker is lost or stuck, naming it (the watchdog)",
     f"{watchdog.CONFIG_KEY}.silence_s": "r1-ascend: a worker without a heartbeat this long is lost (seconds)",
     f"{watchdog.CONFIG_KEY}.stage_s": "r1-ascend: a stage this long on every worker is a hang (seconds)",

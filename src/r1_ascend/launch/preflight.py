@@ -95,6 +95,28 @@ def format_plan(run: Run) -> list[str]:
     return ["Plan", *(f"  {label:<9} {text}" for label, text in rows)]
 
 
+def format_guard(run: Run) -> list[str]:
+    """The rollout guard's levels in force for this config: the absolute caps, calibration, factors, floors and
+    escalation (docs/rollout_guard.md "Levels")."""
+    from r1_ascend.patches.rules.rollout_guard import CONFIG_KEY, GuardConfig, RolloutGuardConfigError
+    from r1_ascend.patches.rules.switches import read_switches
+
+    title = f"Rollout guard ({CONFIG_KEY}; docs/rollout_guard.md)"
+    switches = read_switches(run.full_env, strict=False)
+    engine = (
+        "engine model config: compared with the actor's when the engine is built (patch verl_rollout_model_config)"
+        if switches.enabled("verl_rollout_model_config")
+        else "engine model config: not compared (patch verl_rollout_model_config is disabled)"
+    )
+    if not switches.enabled("verl_rollout_guard"):
+        return [title, "  off: patch verl_rollout_guard is disabled (R1_ASCEND_DISABLE)", f"  {engine}"]
+    try:
+        settings = GuardConfig.from_config(run.config)
+    except RolloutGuardConfigError:
+        return [title, "  not read: its settings are refused (see check rollout_engine below)", f"  {engine}"]
+    return [title, *(f"  {line}" for line in settings.describe()), f"  {engine}"]
+
+
 def format_memory(run: Run) -> list[str]:
     if not run.memory:
         return []
@@ -153,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     extra = f" with {len(args.overrides)} override(s)" if args.overrides else ""
     print(f"r1-ascend preflight: {args.config}{extra}")
-    for line in (*format_plan(run), *format_memory(run), *format_findings(findings)):
+    for line in (*format_plan(run), *format_guard(run), *format_memory(run), *format_findings(findings)):
         print(line)
     errors = [f for f in findings if f.level == ERROR]
     warnings = [f for f in findings if f.level == WARNING]

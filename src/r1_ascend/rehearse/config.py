@@ -30,34 +30,19 @@ CONFIG_NAME = "grpo_deepseekv3_smoke"
 STANDINS_MODULE = "r1_ascend.rehearse.worker_hooks"
 
 
-#: The rollout guard's levels on this CPU rehearsal (both engines bf16 on the same CPU kernels, so far tighter than
-#: the NPU defaults): ``r1-ascend guard-levels`` on eight healthy 10-step rehearsals of the quickstart's checkpoint
-#: (80 steps: the default seed, seeds 0-4, 11 and 12), twice and four times the healthy maximum. Four runs were too
-#: few: seeds 1 and 4 then warned in a late step (median 0.0041, k3 0.00056), where a converged policy's gap has a
-#: heavy tail (docs/rollout_guard.md "Levels").
-GUARD_LEVELS: dict[str, dict[str, float]] = {
-    "warn": {
-        "abs_diff_mean": 0.011,
-        "seq_abs_diff_median": 0.0082,
-        "seq_abs_diff_max": 0.16,
-        "tail_fraction": 0.01,
-        "kl_k3": 0.0012,
-    },
-    "stop": {
-        "abs_diff_mean": 0.022,
-        "seq_abs_diff_median": 0.017,
-        "seq_abs_diff_max": 0.32,
-        "tail_fraction": 0.02,
-        "kl_k3": 0.0023,
-    },
-}
+#: The run configuration whose rollout guard settings the rehearsal runs with: the 671B run's (the smoke config's
+#: are the same, tests/patches/test_verl_rollout_guard.py), its absolute levels as caps and the levels it calibrates
+#: from its own first steps (docs/rollout_guard.md "Levels"); no CPU-only levels.
+GUARD_CONFIG_NAME = "grpo_deepseekv3_671b"
 
 
 def guard_config() -> GuardConfig:
-    """The rehearsal's levels (``GUARD_LEVELS``) as the guard reads them, with the guard's own validation."""
+    """The shipped guard settings the rehearsal runs with (``GUARD_CONFIG_NAME``), as the guard reads them."""
     from omegaconf import OmegaConf
 
-    return GuardConfig.from_config(OmegaConf.create({"r1_ascend": {"rollout_guard": GUARD_LEVELS}}))
+    from r1_ascend.launch.overlays import overlay_path
+
+    return GuardConfig.from_config(OmegaConf.load(overlay_path(GUARD_CONFIG_NAME)))
 
 
 @dataclass(frozen=True)
@@ -87,11 +72,10 @@ class Plan:
     min_reward_rise: float | None = 0.25
     #: seeds the data order, the actor's Megatron RNG and the rollout's sampling (None: the configs' own seeds)
     seed: int | None = None
-    #: the rollout guard's levels: "cpu" (GUARD_LEVELS, measured for this rehearsal) or "config" (the smoke config's
-    #: own, set for NPU runs: loose enough to measure a healthy CPU run with, for r1-ascend guard-levels)
-    guard_levels: str = "cpu"
     #: ``NAME@SYNC``: the CPU rollout engine plants that fault (r1_ascend.rehearse.rollout_faults); None: none
     rollout_fault: str | None = None
+    #: a rollout fault of the engine's configuration: the run's engine is built with its ``hf_overrides``; None: none
+    engine_fault: str | None = None
     #: ``dead-expert@LAYER:EXPERT``: the actor's and reference's model get that fault once loaded; None: none
     actor_fault: str | None = None
     #: the trainer permutes each training batch's rewards across its responses (a control that must not learn)
@@ -193,14 +177,10 @@ def overrides(plan: Plan, inputs: Inputs, out: Path) -> list[str]:
         f"trainer.max_actor_ckpt_to_keep={plan.max_ckpt_to_keep or plan.total_steps}",
         f"trainer.default_local_dir={out / 'checkpoints'}",
         # Ray: the device stand-ins after the overlay's prelude in every worker; the lifecycle record directory
-        # the rollout guard at the levels measured for this CPU rehearsal (GUARD_LEVELS), unless asked for the config's
-        *(
-            f"r1_ascend.rollout_guard.{level}.{name}={value}"
-            for level, values in (GUARD_LEVELS.items() if plan.guard_levels == "cpu" else ())
-            for name, value in values.items()
-        ),
         # the run watchdog at CPU scale: a stage of this run takes seconds, a lost worker must stop it within a minute
         *(f"r1_ascend.watchdog.{key}={value}" for key, value in WATCHDOG.items()),
+        # a planted fault of the engine's configuration: the rollout engine's own config overrides, as a user sets them
+        *engine_fault_overrides(plan.engine_fault, inputs.model),
         *seed_overrides(plan.seed),
         *(
             [
@@ -234,6 +214,24 @@ def overrides(plan: Plan, inputs: Inputs, out: Path) -> list[str]:
         f"+ray_kwargs.ray_init.runtime_env.env_vars.TENSORBOARD_DIR={out / 'tensorboard'}",
         "+ray_kwargs.ray_init.runtime_env.env_vars.RAY_DEDUP_LOGS='0'",
     ]
+
+
+def engine_fault_overrides(name: str | None, model_dir: Path) -> list[str]:
+    """``actor_rollout_ref.rollout.engine_kwargs.vllm.hf_overrides`` giving the engine the configuration of the
+    rollout fault ``name`` (r1_ascend.rehearse.rollout_faults), from the model's config.json; none for None."""
+    if name is None:
+        return []
+    import json
+
+    from r1_ascend.rehearse import rollout_faults
+
+    fault = rollout_faults.get(name)
+    if fault.engine_overrides is None:
+        msg = f"rollout fault {name!r} is not a fault of the engine's configuration (it is planted in a weight sync)"
+        raise ValueError(msg)
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    key = "+actor_rollout_ref.rollout.engine_kwargs.vllm.hf_overrides"
+    return [f"{key}.{field}={json.dumps(value)}" for field, value in fault.engine_overrides(config).items()]
 
 
 def seed_overrides(seed: int | None) -> list[str]:

@@ -52,6 +52,10 @@ class RolloutFault:
     #: planted into every sync from the first one on, "previous" staying the weights of the sync before it (a stale
     #: part of the engine that never catches up); otherwise into that one sync only
     persistent: bool = False
+    #: for a fault of the engine's configuration: the ``hf_overrides`` that give the engine this configuration when it
+    #: is built (config.json's fields -> the fields to override), where the fault's class lives; ``plant`` makes the
+    #: same change to a built engine at one sync, to measure what the log-prob guard sees of it
+    engine_overrides: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
 
 
 def _layer(name: str) -> int | None:
@@ -345,8 +349,18 @@ FAULTS: Mapping[str, RolloutFault] = {
         RolloutFault(
             "mla-not-recomputed", "MLA's absorbed W_UK_T/W_UV not recomputed after the update", _mla_not_recomputed
         ),
-        RolloutFault("routing-ungrouped", "group-limited routing off in the engine", _routing_ungrouped),
-        RolloutFault("yarn-off", "yarn rope scaling off in the engine", _yarn_off),
+        RolloutFault(
+            "routing-ungrouped",
+            "group-limited routing off in the engine",
+            _routing_ungrouped,
+            engine_overrides=lambda config: {"topk_group": config["n_group"]},
+        ),
+        RolloutFault(
+            "yarn-off",
+            "yarn rope scaling off in the engine",
+            _yarn_off,
+            engine_overrides=lambda _config: {"rope_scaling": None},
+        ),
         RolloutFault(
             "sampler-unpatched",
             "vLLM's sampler without the overlay's patch: log-probs of the logits before temperature",

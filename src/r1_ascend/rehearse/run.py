@@ -96,13 +96,6 @@ def main(argv: list[str] | None = None) -> int:
         "--seed", type=int, help="seed of the data order, the actor and the rollout sampling (default: the configs')"
     )
     parser.add_argument(
-        "--guard-levels",
-        choices=("cpu", "config"),
-        default="cpu",
-        help="the rollout guard's levels: measured for this CPU rehearsal (default), or the smoke config's NPU "
-        "levels, to measure healthy runs with for r1-ascend guard-levels",
-    )
-    parser.add_argument(
         "--fault",
         choices=(*FAULTS, *PROCESS_FAULTS, *MOE_FAULTS),
         help="plant one checkpoint or process fault in a shorter run (2 or 3 steps) and check the run stops clearly "
@@ -174,7 +167,6 @@ def main(argv: list[str] | None = None) -> int:
         lr=args.lr,
         min_reward_rise=rise,
         seed=args.seed,
-        guard_levels=args.guard_levels,
         shuffle_rewards=args.shuffle_rewards,
         overrides=tuple(args.overrides) if args.fault else (),
     )

@@ -103,7 +103,9 @@ def fault_scenario(name: str) -> Scenario:
 
 
 def rollout_fault_scenario(name: str) -> Scenario:
-    """``--rollout-fault NAME``: the rollout guard must stop the run in the step the fault is planted in."""
+    """``--rollout-fault NAME``: the rollout guard must stop the run in the step the fault is planted in (a fault of
+    the engine's configuration: the model-configuration check, when the engine is built)."""
+    engine = rollout_fault_run.is_engine_config_fault(name)
     return Scenario(
         name,
         functools.partial(rollout_fault_run.drive, name=name),
@@ -111,7 +113,8 @@ def rollout_fault_scenario(name: str) -> Scenario:
         functools.partial(
             print_outcome, "rollout_fault", "stopped in the planted step", keys=("vllm_groups", "wall_s")
         ),
-        announce=RUN_1 + "; rollout fault {plan.rollout_fault}",
+        announce=RUN_1
+        + ("; {plan.engine_fault} in the engine's hf_overrides" if engine else "; rollout fault {plan.rollout_fault}"),
         plan=functools.partial(rollout_fault_run.plan_for, name),
     )
 

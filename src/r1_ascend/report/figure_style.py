@@ -2,7 +2,7 @@
 
 - One colour per series in a whole figure (all panels together), never grey (grey marks resume points) nor black
   (black marks a logged level that belongs to no drawn series). A logged level is a thin step line in the colour of
-  the series it applies to: warn dotted, stop dashed.
+  the series it applies to: warn dotted, stop dashed, the calibrated baseline they were set from dash-dotted.
 - Steps are integers on the x-axis; differences that span decades are drawn on a log axis.
 - The legend sits to the right of each panel, outside the plotted area, so it never covers data.
 - A series identical to one already drawn in the same panel (e.g. ``critic/score/mean`` and ``critic/rewards/mean``
@@ -26,7 +26,7 @@ DPI = 100
 RESUME_COLOR = "#7f7f7f"
 REFERENCE_COLOR = "#000000"
 #: Line styles of logged levels.
-REFERENCE_STYLES = {"warn": ":", "stop": "--"}
+REFERENCE_STYLES = {"warn": ":", "stop": "--", "baseline": "-."}
 # matplotlib's tab10 without its grey, then Dark2 and Set1 tones that differ from them.
 _PALETTE = (
     "#1f77b4",

@@ -84,24 +84,30 @@ def _length_panels(run: RunData, _dies: int) -> list[Panel]:
     ]
 
 
+#: The logged level series of a guard statistic: the warn and stop levels in force, and the baseline they were
+#: calibrated from (logged from the first step after calibration).
+GUARD_LEVEL_PREFIXES = {"warn": guard.WARN_PREFIX, "stop": guard.STOP_PREFIX, "baseline": guard.BASELINE_PREFIX}
+
+
 def guard_level_series(run: RunData, key: str, what: str) -> tuple[list[int], list[float]]:
-    """The ``what`` ("warn" or "stop") level logged for guard statistic ``key`` at each step; for the mean in runs of
-    releases before 0.5, their single ``rollout_guard/threshold`` as its stop level."""
-    prefix = guard.WARN_PREFIX if what == "warn" else guard.STOP_PREFIX
-    steps, values = run.series(prefix + key.removeprefix(guard.PREFIX))
+    """The ``what`` ("warn", "stop" or "baseline") level logged for guard statistic ``key`` at each step; for the
+    mean in runs of releases before 0.5, their single ``rollout_guard/threshold`` as its stop level."""
+    steps, values = run.series(GUARD_LEVEL_PREFIXES[what] + key.removeprefix(guard.PREFIX))
     if not steps and what == "stop" and key == guard.METRIC_MEAN:
         steps, values = run.series(mn.ROLLOUT_GUARD_THRESHOLD)
     return steps, values
 
 
 def _guard_references(run: RunData, stat: str) -> list[Reference]:
-    """The warn and stop levels the guard logged for ``stat`` (a key of ``rollout_guard.METRIC_NAMES``)."""
+    """The warn and stop levels the guard logged for ``stat`` (a key of ``rollout_guard.METRIC_NAMES``), and the
+    calibrated baseline they were set from."""
     key = guard.METRIC_NAMES[stat]
     found = []
-    for what in ("warn", "stop"):
+    for what in ("warn", "stop", "baseline"):
         steps, values = guard_level_series(run, key, what)
         if steps:
-            found.append(Reference(f"{what} level", steps, values, of=key, style=what))
+            label = "calibrated baseline" if what == "baseline" else f"{what} level"
+            found.append(Reference(label, steps, values, of=key, style=what))
     return found
 
 
@@ -113,8 +119,14 @@ def _consistency_panels(run: RunData, _dies: int) -> list[Panel]:
     return [
         Panel(
             "|Δ log-prob| (nats)",
-            _pick(run, [names[s] for s in ("abs_diff_mean", "seq_abs_diff_max", "abs_diff_max")]),
-            _guard_references(run, "abs_diff_mean") + _guard_references(run, "seq_abs_diff_max"),
+            _pick(run, [names[s] for s in ("abs_diff_mean", "seq_abs_diff_median")]),
+            _guard_references(run, "abs_diff_mean") + _guard_references(run, "seq_abs_diff_median"),
+            log_scale=True,
+        ),
+        Panel(
+            "largest |Δ log-prob| (nats)",
+            _pick(run, [names[s] for s in ("seq_abs_diff_max", "abs_diff_max")]),
+            _guard_references(run, "seq_abs_diff_max"),
             log_scale=True,
         ),
         Panel(

@@ -1,13 +1,14 @@
-"""``r1-ascend guard-levels``: the rollout guard's warn and stop levels, measured on healthy runs.
+"""``r1-ascend guard-levels``: the rollout guard's absolute warn and stop levels, measured on healthy runs.
 
 Reads the ``rollout_guard/*`` statistics that healthy runs logged (console logs, TensorBoard event files or run
 directories, as ``r1-ascend report`` reads them; each path one run, all steps pooled) and proposes, for every gated
 statistic, a warn level of twice and a stop level of four times the largest healthy value (rounded up to two
 significant digits, never below the statistic's floor). Twice the healthy maximum leaves room for a step worse than
-any seen; four times keeps a factor of two between warning and stopping. The levels of the shipped configurations
-and of the CPU rehearsal were set this way (docs/rollout_guard.md). On a new cluster or model: run the first steps
-with the defaults (a stop names the statistic; raise that level on the command line only if the run is known to
-be healthy), then
+any seen; four times keeps a factor of two between warning and stopping. These are the absolute levels: those a
+run has while it calibrates, and the caps of the levels it calibrates from its own first steps (docs/rollout_guard.md
+"Levels"); the calibrated levels themselves need no measuring. On a new cluster or model: run the first steps with
+the defaults (a stop names the statistic; raise that level on the command line only if the run is known to be
+healthy), then
 
     r1-ascend guard-levels outputs/run1 outputs/run2 --yaml
 

@@ -281,11 +281,12 @@ def _consistency_section(run: RunData) -> list[str]:
     lines = ["## Rollout–actor consistency", ""]
     if guard_keys:
         lines += [
-            "The guard warns above a statistic's warn level and stops the run above its stop level "
-            "(docs/rollout_guard.md).",
+            "The guard warns above a statistic's warn level and stops the run above its stop level; after its first "
+            "steps it calibrates both from the run's own baseline, the largest value over those steps (capped by "
+            "the configured levels; docs/rollout_guard.md). Levels and baseline: the last logged.",
             "",
-            "| statistic | last | max (step) | warn | stop | steps above warn | steps above stop |",
-            "|---|---:|---:|---:|---:|---:|---:|",
+            "| statistic | last | max (step) | baseline | warn | stop | steps above warn | steps above stop |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for key in guard_keys:
             steps, values = run.series(key)
@@ -302,9 +303,11 @@ def _consistency_section(run: RunData) -> list[str]:
                 over_warn = "–"
             if stop == "–":
                 over_stop = "–"
+            _, baselines = guard_level_series(run, key, "baseline")
+            baseline = f"{baselines[-1]:.4g}" if baselines else "–"
             lines.append(
-                f"| `{key}` | {values[-1]:.4g} | {values[top]:.4g} ({steps[top]}) | {warn} | {stop} | {over_warn} "
-                f"| {over_stop} |"
+                f"| `{key}` | {values[-1]:.4g} | {values[top]:.4g} ({steps[top]}) | {baseline} | {warn} | {stop} | "
+                f"{over_warn} | {over_stop} |"
             )
         lines.append("")
     if verl_keys:

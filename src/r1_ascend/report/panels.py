@@ -9,13 +9,14 @@ Series = dict[str, tuple[list[int], list[float]]]
 
 @dataclass(frozen=True)
 class Reference:
-    """A logged level drawn as a step line (warn dotted, stop dashed), in the colour of the series it applies to."""
+    """A logged level drawn as a step line (warn dotted, stop dashed, a calibrated baseline dash-dotted), in the
+    colour of the series it applies to."""
 
     label: str
     steps: list[int]
     values: list[float]
     of: str | None = None  # the series it applies to; None: black
-    style: str = "warn"  # "warn" or "stop"
+    style: str = "warn"  # "warn", "stop" or "baseline"
 
 
 @dataclass
