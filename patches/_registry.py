@@ -15,7 +15,10 @@ Order matters and is deliberate:
 10. ``verl_worker_watchdog`` wraps the worker methods the trainer calls to report their stage; it depends on
     nothing above and wraps none of their targets;
 11. ``verl_moe_expert_load`` wraps the actor's update and megatron-core's expert-bias update to log expert load; it
-    depends on nothing above (``verl_onpolicy_logprob`` wraps forward_backward_batch, which update_policy calls).
+    depends on nothing above (``verl_onpolicy_logprob`` wraps forward_backward_batch, which update_policy calls);
+12. ``verl_weight_sync_check`` wraps verl's export, vLLM's DeepSeek ``load_weights`` and the worker's
+    ``rollout_mode`` to check every weight sync; it wraps no target above and reads the engine through the
+    offloading rollout's ``EngineParts`` (4), whose ``update_weights`` it checks.
 """
 
 from __future__ import annotations
@@ -216,6 +219,36 @@ PATCHES: tuple[PatchSpec, ...] = (
             Target(_ACTOR, "MegatronPPOActor.update_policy", "verl", params=("self", "dataloader")),
         ),
         requires=MappingProxyType({"verl": "0.6.1", "megatron-core": "0.12.1"}),
+        processes=("worker",),
+    ),
+    PatchSpec(
+        name="verl_weight_sync_check",
+        targets=(
+            Target(
+                "verl.utils.megatron_utils",
+                "per_tensor_generator",
+                "verl",
+                params=(
+                    "actor_module",
+                    "model_config",
+                    "weight_converter",
+                    "transformer_config",
+                    "layer_name_mapping",
+                    "convert_qkv_gate_up_by_simple_split",
+                ),
+                aliases=(f"{_MEGATRON_WORKERS}:per_tensor_generator",),
+            ),
+            Target(
+                "vllm.model_executor.models.deepseek_v2",
+                "DeepseekV2ForCausalLM.load_weights",
+                "vllm",
+                params=("self", "weights"),
+            ),
+            Target(_MEGATRON_WORKERS, "ActorRolloutRefWorker.rollout_mode", "verl", params=("self",)),
+        ),
+        requires=MappingProxyType(
+            {"verl": "0.6.1", "vllm": "0.9.1", "vllm-ascend": "0.9.1", "megatron-core": "0.12.1"}
+        ),
         processes=("worker",),
     ),
 )

@@ -1,9 +1,11 @@
-"""``r1-ascend rehearse --rollout-fault NAME``: a rollout fault planted into the real run's weight sync is stopped by
-the rollout guard at that step, before it is checkpointed, and the run leaves nothing behind.
+"""``r1-ascend rehearse --rollout-fault NAME``: a rollout fault planted into the real run's weight sync is stopped at
+that step, before it is checkpointed, and the run leaves nothing behind: by the weight-sync check at the sync, or by
+the rollout guard in the step.
 
-The fast tests feed the run's verdict logs of a stopped, a missed and a late stop. The slow test plants
-``stale-layers`` (the engine's last two layers keep the previous step's weights) into the real 2-step run; with the
-guard switched off (``R1_ASCEND_DISABLE=verl_rollout_guard``) the same run trains to the end and the verdict fails.
+The fast tests feed the run's verdict logs of a stopped, a missed and a late stop. The slow tests plant faults into
+the real 2-step run: ``expert-transposed-resume`` (after the rollout's release / resume the experts' layout is
+transposed again), stopped by the weight-sync check in sync 2 on every worker; ``stale-layers`` (the engine's last
+two layers keep the previous step's weights) with the weight check switched off, stopped by the guard.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from r1_ascend.rehearse.config import Plan
+from r1_ascend.rehearse.lifecycle import read_lifecycle
 from r1_ascend.rehearse.progress import RehearsalError
 from r1_ascend.rehearse.rollout_fault_run import FAULT_STEP, STOP_BOUND_S, judge_stop, plan_for
 
@@ -60,6 +63,29 @@ REFUSED = (
 )
 
 
+CHECKED = (
+    "ray.exceptions.RayTaskError(WeightSyncError): r1_ascend.patches._errors.WeightSyncError: weight sync 2 is wrong "
+    "on 2 of 2 ranks (288 mismatches); nothing was generated from it. First: rank 0, sync 2: "
+    "model.layers.1.mlp.experts.0.gate_proj.weight -> model.layers.1.mlp.experts.w13_weight[0, 0:96]: vLLM holds other "
+    "values than it received: fingerprint expected proj 1.6, total 3.1, checksum 14; found proj 0.1 (differs by 1.5, "
+    "bound 0.0045), total -1.7 (bound 0.0044), checksum 99.\n"
+)
+
+
+def test_a_sync_the_weight_check_stops_names_the_sync_the_ranks_and_the_tensor(tmp_path: Path) -> None:
+    text = "step:1 - critic/score/mean:0.2\n" + CHECKED
+    verdict = judge_stop(text, tmp_path / "run1.log", _out(tmp_path, [1]), "expert-transposed-resume", 1, 20.0)
+    assert verdict["stopped_by"] == "the weight-sync check"
+    assert verdict["stopped_in_sync"] == FAULT_STEP
+    assert verdict["ranks"] == "2 of 2"
+    assert verdict["named"] == "model.layers.1.mlp.experts.0.gate_proj.weight"
+    with pytest.raises(RehearsalError, match="stopped sync 1"):
+        judge_stop(CHECKED.replace("sync 2", "sync 1"), tmp_path / "r.log", tmp_path, "x", 1, 20.0)
+    _out(tmp_path, [2])
+    with pytest.raises(RehearsalError, match="global_step_2 was saved"):
+        judge_stop(CHECKED, tmp_path / "r.log", tmp_path, "x", 1, 20.0)
+
+
 def test_a_sync_the_loader_refuses_stops_the_run_naming_the_tensor(tmp_path: Path) -> None:
     text = "step:1 - critic/score/mean:0.2\n" + REFUSED
     verdict = judge_stop(text, tmp_path / "run1.log", _out(tmp_path, [1]), "expert-transposed-load", 1, 30.0)
@@ -87,19 +113,44 @@ def test_a_broken_stop_fails(tmp_path: Path, text: str, code: int, steps: list[i
 
 
 @pytest.mark.slow
+def test_a_weight_fault_planted_in_the_real_run_is_stopped_by_the_weight_check(
+    tmp_path: Path, weights: Path, rehearse
+) -> None:
+    """expert-transposed-resume: after the rollout's first release / resume (verl's trainer_mode, then rollout_mode)
+    the experts' layout is transposed again in vLLM's model; the weight-sync check, run by verl's rollout_mode on
+    every sync, stops sync 2 on every worker before anything is generated from it, naming an expert tensor; step 1's
+    sync was checked and passed. Every other weight fault, in seeds 0-4: tests/model/test_weight_sync_check.py."""
+    out = tmp_path / "weight-fault"
+    fault = "expert-transposed-resume"
+    done = rehearse("--output-dir", str(out), "--weights", str(weights), "--rollout-fault", fault)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    verdict = json.loads((out / f"summary-{fault}.json").read_text())["rollout_fault"]
+    assert verdict["stopped_by"] == "the weight-sync check"
+    assert verdict["stopped_in_sync"] == FAULT_STEP
+    assert verdict["ranks"] == "2 of 2"
+    assert ".mlp.experts." in verdict["named"]
+    assert verdict["time_to_stop_s"] <= STOP_BOUND_S
+    assert verdict["checkpoints_left"] == ["global_step_1"]
+    records = read_lifecycle(out / "lifecycle")
+    checked = sorted((e["sync"], e["mismatches"] > 0) for e in records if e["event"] == "weight_checked")
+    assert checked == [(1, False), (1, False), (2, True), (2, True)], "sync 1 passed and sync 2 failed on both"
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["stale-layers"])
 def test_a_rollout_fault_planted_in_the_real_run_is_stopped(
-    tmp_path: Path, weights: Path, rehearse, fault: str
+    tmp_path: Path, weights: Path, rehearse, fault: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """stale-layers: the fault with the widest margin over the stop level that is not a whole sync missed (the
-    one-process bench, seed 0: median 0.030 against the stop level 0.017, docs/rollout_guard.md). The other rollout
-    faults are stopped (or written down as not separable) by the bench in tests/model/test_rollout_guard_faults.py;
-    each real-loop run costs the full tier two to four minutes, so one runs here (``sampler-unpatched`` in the real
-    loop: docs/benchmarks.md).
+    """stale-layers, with the weight-sync check switched off (it would stop the sync first): the fault with the
+    widest margin over the stop level that is not a whole sync missed (the one-process bench, seed 0: median 0.030
+    against the stop level 0.017, docs/rollout_guard.md). The other rollout faults are stopped (or written down as
+    not separable) by the bench in tests/model/test_rollout_guard_faults.py; each real-loop run costs the full tier
+    two to four minutes, so one runs here (``sampler-unpatched`` in the real loop: docs/benchmarks.md).
 
     It runs at the layout the trivial one leaves out: 2 nodes x 2 fake NPUs, the actor in 2 pipeline stages (megatron's
     1F1B schedule and its p2p over gloo, verl's export across the stages) and the rollout at TP 2 x DP 2 with EP 4 (the
     overlay's vllm_dp_ep_groups builds vLLM's DP and EP groups; every worker's are checked against the layout rule)."""
+    monkeypatch.setenv("R1_ASCEND_DISABLE", "verl_weight_sync_check")
     out = tmp_path / "rollout-fault"
     layout = ["--npus-per-node", "2", "--actor-pp", "2", "--rollout-dp", "2"]
     done = rehearse("--output-dir", str(out), "--weights", str(weights), *layout, "--rollout-fault", fault)

@@ -1,12 +1,14 @@
 """``r1-ascend rehearse --rollout-fault NAME``: a planted rollout fault must stop the real run at the step it hits.
 
 The rehearsal on a 2-step plan (a checkpoint every step) whose CPU rollout engine plants ``NAME``
-(r1_ascend.rehearse.rollout_faults) into its second weight sync, the one before step 2's generation. The rollout
-guard must stop the run in step 2 with ``RolloutActorMismatchError`` naming the step and the statistics above their
-stop levels, before step 2 is checkpointed (or, for a layout vLLM's loader cannot take, the loader must refuse that
-sync with ``WeightSyncError`` naming the tensor); every process of the run must be gone within ``STOP_BOUND_S`` of the
-planted sync, and step 1's checkpoint must be the last one. With the guard switched off
-(``R1_ASCEND_DISABLE=verl_rollout_guard``) the same run trains on to the end: nothing else notices.
+(r1_ascend.rehearse.rollout_faults) into its second weight sync, the one before step 2's generation. A weight or
+layout fault must be stopped by the weight-sync check (``verl_weight_sync_check``) at that sync, before anything is
+generated from it, with ``WeightSyncError`` naming the sync, the ranks and the tensor; a fault the check cannot see
+(the engine's configuration, its sampler), or any fault with the check switched off, by the rollout guard in step 2
+with ``RolloutActorMismatchError`` naming the step and the statistics above their stop levels (or, for a layout
+vLLM's loader cannot take, the loader must refuse that sync with ``WeightSyncError`` naming the tensor); always
+before step 2 is checkpointed, every process of the run gone within ``STOP_BOUND_S`` of the planted sync, step 1's
+checkpoint the last one. With both switched off the same run trains on to the end: nothing else notices.
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ STOPPED = re.compile(
 )
 #: ``VLLMLoader``'s error when vLLM's load_weights refuses a tensor of the sync (r1_ascend.cpu.engine)
 REFUSED = re.compile(r"WeightSyncError: vLLM's DeepSeek-V3 load_weights \(\w+\) refused '([^']+)'")
+#: The weight-sync check's stop (patch verl_weight_sync_check): the sync, the ranks, the first rank's tensor
+CHECKED = re.compile(
+    r"WeightSyncError: weight sync (\d+) is wrong on (\d+) of (\d+) ranks .*?First: rank (\d+), sync \d+: (\S+) -> "
+)
 STEP_LINE = re.compile(r"\bstep:(\d+) - ")
 
 
@@ -69,14 +75,25 @@ def judge_stop(text: str, log: Path, out: Path, name: str, code: int, stop_s: fl
     """The run stopped in the planted step, before its checkpoint, and said why: the guard, with the statistics above
     their stop levels, or vLLM's weight loader refusing the planted sync (a layout it cannot take), naming the
     tensor."""
-    stopped, refused = STOPPED.search(text), REFUSED.search(text)
-    if code == 0 or (stopped is None and refused is None):
+    stopped, refused, checked = STOPPED.search(text), REFUSED.search(text), CHECKED.search(text)
+    if code == 0 or (stopped is None and refused is None and checked is None):
         raise RehearsalError(
             f"the planted rollout fault {name} did not stop the run (exit code {code}, no 'rollout guard: at training "
-            f"step ...' error and no weight load refused): the guard missed it or is switched off; log: {log}"
+            f"step ...' error, no weight load refused, no weight sync found wrong): the guard and the weight-sync "
+            f"check missed it or are switched off; log: {log}"
         )
     found: dict[str, object]
-    if stopped is not None:
+    if checked is not None:
+        sync = int(checked.group(1))
+        if sync != FAULT_STEP:
+            raise RehearsalError(f"the weight-sync check stopped sync {sync}, the fault was planted in {FAULT_STEP}")
+        found = {
+            "stopped_by": "the weight-sync check",
+            "stopped_in_sync": sync,
+            "ranks": f"{checked.group(2)} of {checked.group(3)}",
+            "named": checked.group(5),
+        }
+    elif stopped is not None:
         step = int(stopped.group(1))
         if step != FAULT_STEP:
             raise RehearsalError(
