@@ -24,7 +24,7 @@ def test_plain_paths_are_unchanged(path):
     "path", ["pkg://r1_ascend.recipe.no_such_reward", "pkg://no_such_package.reward", "pkg://", "pkg://.relative"]
 )
 def test_a_module_that_is_not_there_or_has_no_source_file_is_refused_naming_it(path):
-    with pytest.raises(RewardFileError, match="custom_reward_function.path="):
+    with pytest.raises(RewardFileError, match=r"custom_reward_function\.path="):
         resolve(path)
 
 
