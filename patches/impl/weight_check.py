@@ -260,15 +260,18 @@ def predict(
                     prints.append(region_print(part[local], source.name, source.shape, sub, with_abs=False))
                     rows.append(index[(source.name, k)])
     _same_everywhere(len(entries), "HF tensor shares to predict")
-    totals = torch.zeros((len(entries), 2), dtype=torch.float64)
-    checks = torch.zeros(len(entries), dtype=torch.int64)
+    # proj, total and the checksum in one float64 all-reduce: a checksum term is below 2^31, so the sum over the
+    # ranks and regions of a share (fewer than 2^22 terms) stays exact in float64
+    totals = torch.zeros((len(entries), 3), dtype=torch.float64)
     if prints:
         at = torch.tensor(rows, dtype=torch.long)
-        totals.index_add_(0, at, torch.stack([f for f, _ in prints]).to("cpu", torch.float64)[:, :2])
-        checks.index_add_(0, at, torch.stack([c for _, c in prints]).to("cpu"))
+        totals[:, :2].index_add_(0, at, torch.stack([f for f, _ in prints]).to("cpu", torch.float64)[:, :2])
+        checks = torch.zeros(len(entries), dtype=torch.int64).index_add_(
+            0, at, torch.stack([c for _, c in prints]).cpu()
+        )
+        totals[:, 2] = torch.remainder(checks, fp.PRIME).to(torch.float64)
     _all_reduce(totals)
-    _all_reduce(checks)
-    checks = torch.remainder(checks, fp.PRIME)
+    checks = torch.remainder(totals[:, 2].to(torch.int64), fp.PRIME)
     return {entry: (float(totals[i, 0]), float(totals[i, 1]), int(checks[i])) for i, entry in enumerate(entries)}
 
 
