@@ -146,7 +146,9 @@ def world(args: list[str]) -> None:
             }
 
     def sync(weights: dict[str, torch.Tensor], fault: Any = None, previous: Any = None) -> str | None:
-        planned = rollout_faults.Sync(weights) if fault is None else fault.plant(engine, weights, previous, [])
+        # stale-stage was planted in the export (the stale pipeline stage's broadcast); the sync carries its stream
+        planted = fault is not None and fault.name != "stale-stage"
+        planned = fault.plant(engine, weights, previous, []) if planted else rollout_faults.Sync(weights)
         engine.model.vllm_loader.change = planned.in_loader
         try:
             engine.model.vllm_loader.load(list(planned.weights.items()))

@@ -196,10 +196,14 @@ def _ep_gather_shifted(engine: Any, weights: Weights, _previous: Weights, _probe
     return Sync(wf.experts_renamed_by_ep_block(weights, int(engine.hf_config.n_routed_experts)))
 
 
-def _stale_stage(_engine: Any, weights: Weights, _previous: Weights, _probe: list[list[int]]) -> Sync:
-    """Planted in verl's PP broadcast during the export (:class:`weight_faults.StalePipelineStage`, held by the
-    harness that runs the actor at PP >= 2); the stream reaches the rollout as it left the export."""
-    return Sync(dict(weights))
+def _stale_stage(_engine: Any, _weights: Weights, _previous: Weights, _probe: list[list[int]]) -> Sync:
+    """Planted in verl's PP broadcast during the export, not in the engine's sync: a harness that runs the actor at
+    PP >= 2 holds :class:`weight_faults.StalePipelineStage` around each export (tests/model/weight_check_child.py)."""
+    msg = (
+        "stale-stage is planted in verl's PP broadcast during the export (weight_faults.StalePipelineStage around "
+        "the actor's per_tensor_generator at PP >= 2), not in the rollout engine's sync"
+    )
+    raise RolloutFaultError(msg)
 
 
 def _kv_b_proj_halves(engine: Any, weights: Weights, _previous: Weights, _probe: list[list[int]]) -> Sync:

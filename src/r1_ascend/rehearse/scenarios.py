@@ -103,7 +103,7 @@ def fault_scenario(name: str) -> Scenario:
 
 
 def rollout_fault_scenario(name: str) -> Scenario:
-    """``--rollout-fault NAME``: the rollout guard must stop the run in the step the fault is planted in."""
+    """``--rollout-fault NAME``: the weight-sync check or the rollout guard must stop the run at the planted sync."""
     return Scenario(
         name,
         functools.partial(rollout_fault_run.drive, name=name),
