@@ -7,12 +7,14 @@ verl's weight export, the CPU rollout engine, a GRPO step per iteration) on the 
   mean, p99 and maximum over all steps;
 - faults: every fault of :mod:`r1_ascend.rehearse.rollout_faults` planted at step ``--fault-step`` (healthy steps
   before it; default: the first step after calibration) for every seed; per fault and statistic the value at the
-  planted step and its separation, the value divided by the healthy maximum of the same dtype, and whether the
-  guard warns or stops there at the levels that seed's run has in force then (the shipped settings, or those of
+  planted step and its separation, the value divided by the healthy maximum of the same dtype, whether the guard
+  warns or stops there at the levels that seed's run has in force then (the shipped settings, or those of
   ``--config``: the absolute levels while calibrating, then those calibrated from the seed's healthy steps before
-  the fault); a fault the rollout's weight loader refuses is written down as refused, with the loader's message.
-  Healthy steps are judged as a run judges them (calibration, escalation): the steps above a warn level are
-  counted, and per statistic the least warn margin (warn level / value) over the gated steps is printed.
+  the fault), and whether the weight-sync check (``verl_weight_sync_check``) stopped its sync (the step is measured
+  either way); a fault the rollout's weight loader refuses is written down as refused, with the loader's message.
+  Faults that need more than one rank (``needs``) are left out. Healthy steps are judged as a run judges them
+  (calibration, escalation): the steps above a warn level are counted, and per statistic the least warn margin
+  (warn level / value) over the gated steps is printed.
 
     python benchmarks/rollout_guard_bench.py                       # 5 seeds, bf16 and fp32, all faults
     python benchmarks/rollout_guard_bench.py --seeds 0 --dtypes bf16 --faults expert-swap --json out.json
@@ -110,7 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         records: list[dict[str, Any]] = []
         healthy: dict[str, dict[str, list[float]]] = {}
         started = time.perf_counter()
-        names = [] if args.faults == ["none"] else args.faults if args.faults else list(rollout_faults.FAULTS)
+        # the faults one rank can carry (the others need a wider actor or rollout: tests/model/weight_check_child.py)
+        one_rank = [n for n, f in rollout_faults.FAULTS.items() if f.needs is None]
+        names = [] if args.faults == ["none"] else args.faults if args.faults else one_rank
         fault_seeds = args.fault_seeds or args.seeds
         planted: dict[tuple[str, int], Any] = {}
         # one loop per (dtype, seed): the faults (bf16) branch off its healthy steps before --fault-step
@@ -185,7 +189,11 @@ def main(argv: list[str] | None = None) -> int:
                 warned, stopped = _judge(record, levels)
                 verdict = "STOP " + ",".join(stopped) if stopped else ("warn " + ",".join(warned) if warned else "-")
                 verdict += " (calibrated)" if levels.calibrated else " (absolute levels)"
-                print(f"  {name:<20} {seed:>4} " + " ".join(f"{c:>22}" for c in cells) + f"  {verdict}", flush=True)
+                checked = "weight check: STOP" if record["weight_check"] else "weight check: passed"
+                print(
+                    f"  {name:<20} {seed:>4} " + " ".join(f"{c:>22}" for c in cells) + f"  {verdict}; {checked}",
+                    flush=True,
+                )
         print(f"\ntotal {time.perf_counter() - started:.0f} s")
         if args.json:
             args.json.write_text(json.dumps(records, indent=1) + "\n", encoding="utf-8")
@@ -199,6 +207,7 @@ def _record(result: Any) -> dict[str, Any]:
         "reward": result.reward,
         "values": result.values,
         "partials": dataclasses.asdict(result.stats),
+        "weight_check": result.weight_check,
     }
 
 

@@ -17,7 +17,10 @@ Order matters and is deliberate:
 11. ``verl_moe_expert_load`` wraps the actor's update and megatron-core's expert-bias update to log expert load; it
     depends on nothing above (``verl_onpolicy_logprob`` wraps forward_backward_batch, which update_policy calls);
 12. ``verl_rollout_model_config`` wraps the worker's switch to trainer mode, which verl calls once the rollout
-    engine is built (after 4 and 5 built it), to compare the engine's model configuration with the actor's.
+    engine is built (after 4 and 5 built it), to compare the engine's model configuration with the actor's;
+13. ``verl_weight_sync_check`` wraps verl's export, vLLM's DeepSeek ``load_weights`` and the worker's
+    ``rollout_mode`` to check every weight sync; it wraps no target above and reads the engine through the
+    offloading rollout's ``EngineParts`` (4), whose ``update_weights`` it checks.
 """
 
 from __future__ import annotations
@@ -224,6 +227,36 @@ PATCHES: tuple[PatchSpec, ...] = (
         name="verl_rollout_model_config",
         targets=(Target(_MEGATRON_WORKERS, "ActorRolloutRefWorker.trainer_mode", "verl", params=("self",)),),
         requires=MappingProxyType({"verl": "0.6.1", "vllm": "0.9.1"}),
+        processes=("worker",),
+    ),
+    PatchSpec(
+        name="verl_weight_sync_check",
+        targets=(
+            Target(
+                "verl.utils.megatron_utils",
+                "per_tensor_generator",
+                "verl",
+                params=(
+                    "actor_module",
+                    "model_config",
+                    "weight_converter",
+                    "transformer_config",
+                    "layer_name_mapping",
+                    "convert_qkv_gate_up_by_simple_split",
+                ),
+                aliases=(f"{_MEGATRON_WORKERS}:per_tensor_generator",),
+            ),
+            Target(
+                "vllm.model_executor.models.deepseek_v2",
+                "DeepseekV2ForCausalLM.load_weights",
+                "vllm",
+                params=("self", "weights"),
+            ),
+            Target(_MEGATRON_WORKERS, "ActorRolloutRefWorker.rollout_mode", "verl", params=("self",)),
+        ),
+        requires=MappingProxyType(
+            {"verl": "0.6.1", "vllm": "0.9.1", "vllm-ascend": "0.9.1", "megatron-core": "0.12.1"}
+        ),
         processes=("worker",),
     ),
 )

@@ -31,7 +31,8 @@ rules/dp_layout|patches/rules/dp_layout.py|tests/patches/test_rules.py tests/pat
 rules/expert_load|patches/rules/expert_load.py|tests/patches/test_verl_moe_expert_load.py tests/patches/test_expert_load_rules.py|
 rules/group_routing|patches/rules/group_routing.py|tests/launch/test_group_routing.py tests/patches/test_verl_dpskv3_group_routing.py tests/patches/test_group_routing_rules.py|
 rules/rollout_config|patches/rules/rollout_config.py|tests/patches/test_vllm_rollout_offload.py tests/patches/test_vllm_ascend_torchair_live_params.py tests/patches/test_rollout_config_rules.py|
-rules/rollout_guard|patches/rules/rollout_guard.py|tests/patches/test_verl_rollout_guard.py tests/patches/test_rollout_guard_rules.py|
+rules/rollout_guard|patches/rules/rollout_guard.py|tests/patches/test_verl_rollout_guard.py tests/patches/test_rollout_guard_rules.py tests/patches/test_rollout_guard_calibration.py|
+rules/model_config|patches/rules/model_config.py|tests/patches/test_verl_rollout_model_config.py|
 rules/switches|patches/rules/switches.py|tests/patches/test_rules.py tests/patches/test_switch_rules.py|
 rules/watchdog|patches/rules/watchdog.py|tests/patches/test_verl_worker_watchdog.py tests/patches/test_watchdog_rules.py|
 launch/pitfalls|src/r1_ascend/launch/pitfalls.py|tests/launch/test_pitfall_boundaries.py|

@@ -16,5 +16,9 @@ checks import the same functions, so each rule has exactly one definition:
   (``verl_dpskv3_group_routing``);
 - ``checkpoints``: which ``global_step_N`` checkpoints are complete, which one a resume takes and which ones may be
   deleted (``verl_checkpoint_integrity``);
-- ``expert_load``: the MoE actor's per-layer expert-load statistics and their metric names (``verl_moe_expert_load``).
+- ``expert_load``: the MoE actor's per-layer expert-load statistics and their metric names (``verl_moe_expert_load``);
+- ``mcore_mapping``: DeepSeek-V3's HF <-> Megatron-core tensor mapping (the converter's, and the weight-sync check's
+  prediction of verl's export);
+- ``weight_fingerprint``: the fingerprint the weight-sync check compares and its fp32 rounding bound
+  (``verl_weight_sync_check``).
 """

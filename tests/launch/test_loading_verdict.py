@@ -21,6 +21,7 @@ from r1_ascend.rehearse.lifecycle import (
     check_rollout_path,
     check_sampling,
     check_vllm_groups,
+    check_weight_checks,
 )
 
 
@@ -109,10 +110,28 @@ def rollout_records(pids: tuple[int, ...] = (101, 102), cycles: int = 2) -> list
                 syncs += 1
                 t += 0.01
                 events.append({"t": t, "pid": pid, "event": "loaded", "model": VLLM_LOADER, "loads": syncs})
+                t += 0.01
+                events.append(checked(pid, t, syncs))
             elif name == "generate":
                 t += 0.01
                 events.append({"t": t, "pid": pid, "event": "sampled", "calls": 8, "patched_by": [SAMPLER_PATCH]})
     return events
+
+
+def checked(pid: int, t: float, sync: int, mismatches: int = 0) -> dict[str, Any]:
+    """A weight_checked record as the rehearsal's listener writes it (patch verl_weight_sync_check)."""
+    return {
+        "t": t,
+        "pid": pid,
+        "event": "weight_checked",
+        "sync": sync,
+        "mismatches": mismatches,
+        "first": "rank 0, sync 2: x -> y: not received" if mismatches else None,
+        "predict_s": 0.25,
+        "receive_s": 0.25,
+        "verify_s": 0.5,
+        "sync_s": 3.0,
+    }
 
 
 def write(directory: Path, events: list[dict[str, Any]]) -> Path:
@@ -124,13 +143,17 @@ def write(directory: Path, events: list[dict[str, Any]]) -> Path:
 
 def test_the_rollout_path_holds_the_sampler_and_the_loader_verdicts(tmp_path: Path) -> None:
     verdict = check_rollout_path(write(tmp_path, rollout_records()), set())
-    assert set(verdict) == {"sampling", "weight_loading", "vllm_groups"}
+    assert set(verdict) == {"sampling", "weight_loading", "weight_check", "vllm_groups"}
+    assert verdict["weight_check"] == (
+        "4 weight syncs checked exactly, every engine tensor and share matching (the check 4.00 s of 14.00 s of "
+        "syncs, 28.6 %)"
+    )
     assert verdict["vllm_groups"] == "2 workers built vLLM's groups as the DP/EP layout plans them (TP 2 x DP 1, EP 2)"
     assert verdict["weight_loading"] == f"4 weight syncs through {VLLM_LOADER}.load_weights"
     assert verdict["sampling"] == check_sampling(rollout_records(), set())
 
 
-@pytest.mark.parametrize("dropped", ["loaded", "sampled"])
+@pytest.mark.parametrize("dropped", ["loaded", "sampled", "weight_checked"])
 def test_a_rollout_path_failure_names_the_records(tmp_path: Path, dropped: str) -> None:
     events = rollout_records()
     first = next(i for i, e in enumerate(events) if e["event"] == dropped)
@@ -149,6 +172,32 @@ def test_the_rollout_path_spares_the_killed_workers_last_sync(tmp_path: Path) ->
     with pytest.raises(LifecycleError, match="without its load"):
         check_rollout_path(tmp_path, set())
     assert check_rollout_path(tmp_path, {102})["weight_loading"].startswith("4 weight syncs")
+
+
+def test_every_sync_must_be_checked_by_the_weight_check_and_match() -> None:
+    """A sync without its weight_checked record (the check switched off), one checked as another sync, or one with
+    a mismatch fails the verdict, naming the worker and the sync; a killed worker's last sync may lack it."""
+    events = rollout_records()
+    verdict = check_weight_checks(events, set())
+    assert verdict.startswith("4 weight syncs checked exactly")
+    second = [i for i, e in enumerate(events) if e["event"] == "weight_checked" and e["pid"] == 101][1]
+    for change, message in (
+        ({"mismatches": 3}, "weight sync 2 was checked as sync 2 with 3 mismatches"),
+        ({"sync": 5}, "weight sync 2 was checked as sync 5"),
+    ):
+        changed = [dict(e, **change) if i == second else e for i, e in enumerate(events)]
+        with pytest.raises(LifecycleError, match=message):
+            check_weight_checks(changed, set())
+    first = next(i for i, e in enumerate(events) if e["event"] == "weight_checked" and e["pid"] == 101)
+    with pytest.raises(LifecycleError, match="weight sync 1 was not checked by the weight-sync check before the next"):
+        check_weight_checks(events[:first] + events[first + 1 :], set())
+    last = events[:second] + events[second + 1 :]
+    last = [e for e in last if not (e["pid"] == 101 and e["t"] > events[second]["t"])]
+    with pytest.raises(LifecycleError, match=r"workers \[101\] recorded a last weight sync"):
+        check_weight_checks(last, set())
+    assert check_weight_checks(last, {101}).startswith("4 weight syncs")
+    with pytest.raises(LifecycleError, match="no worker recorded a weight sync"):
+        check_weight_checks([], set())
 
 
 def groups_records(world: int, tp: int, wrong: dict[str, Any] | None = None) -> list[dict[str, Any]]:

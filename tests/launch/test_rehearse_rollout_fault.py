@@ -1,10 +1,14 @@
-"""``r1-ascend rehearse --rollout-fault NAME``: a rollout fault planted into the real run's weight sync is stopped by
-the rollout guard at that step (the first it gates at calibrated levels), before it is checkpointed, and the run
-leaves nothing behind; a fault of the engine's configuration is refused when the engine is built.
+"""``r1-ascend rehearse --rollout-fault NAME``: a rollout fault planted into the real run's weight sync is stopped at
+that step, before it is checkpointed, and the run leaves nothing behind: a fault of the weights by the weight-sync
+check at its sync (the first after a release / resume), a fault the check cannot see (or any, with the check off) by
+the rollout guard in the first step it gates at calibrated levels; a fault of the engine's configuration is refused
+when the engine is built.
 
-The fast tests feed the run's verdict logs of a stopped, a missed and a late stop, and of a refused engine. The slow
-test plants ``stale-layers`` (the engine's last two layers keep the previous step's weights) into the real run; with
-the guard switched off (``R1_ASCEND_DISABLE=verl_rollout_guard``) the same run trains to the end and the verdict fails.
+The fast tests feed the run's verdict logs of a stopped, a missed and a late stop, of a sync the weight check
+stopped, and of a refused engine. The slow tests plant faults into the real run: ``expert-transposed-resume`` (after
+the rollout's release / resume the experts' layout is transposed again), stopped by the weight-sync check in sync 2
+on every worker; ``stale-layers`` (the engine's last two layers keep the previous step's weights) with the weight
+check switched off, stopped by the guard.
 """
 
 from __future__ import annotations
@@ -16,8 +20,16 @@ import pytest
 
 from r1_ascend.rehearse.config import Plan, guard_config, overrides
 from r1_ascend.rehearse.inputs import Inputs
+from r1_ascend.rehearse.lifecycle import read_lifecycle
 from r1_ascend.rehearse.progress import RehearsalError
-from r1_ascend.rehearse.rollout_fault_run import FAULT_STEP, STOP_BOUND_S, judge_stop, plan_for
+from r1_ascend.rehearse.rollout_fault_run import (
+    FAULT_STEP,
+    STOP_BOUND_S,
+    WEIGHT_FAULT_SYNC,
+    fault_step,
+    judge_stop,
+    plan_for,
+)
 
 pytestmark = pytest.mark.machine
 
@@ -37,12 +49,12 @@ def _out(tmp_path: Path, steps: list[int]) -> Path:
 
 def test_the_fault_is_planted_in_the_first_step_after_calibration_with_a_checkpoint_before() -> None:
     """The shipped settings calibrate over their first steps: the fault's step is the first gated one."""
-    plan = plan_for("stale-layers", Plan())
+    plan = plan_for("sampler-unpatched", Plan())
     assert guard_config().calibration.steps + 1 == FAULT_STEP
     assert (plan.total_steps, plan.save_freq, plan.rollout_fault, plan.min_reward_rise, plan.engine_fault) == (
         FAULT_STEP,
         FAULT_STEP - 1,
-        f"stale-layers@{FAULT_STEP}",
+        f"sampler-unpatched@{FAULT_STEP}",
         None,
         None,
     )
@@ -70,7 +82,7 @@ def test_a_fault_of_the_engines_configuration_is_in_the_runs_hf_overrides(tmp_pa
 
 def test_a_stop_in_the_planted_step_passes_and_names_the_statistics(tmp_path: Path) -> None:
     text = "step:1 - critic/score/mean:0.2\n" + STOP.format(step=FAULT_STEP)
-    verdict = judge_stop(text, tmp_path / "run1.log", _out(tmp_path, [FAULT_STEP - 1]), "stale-layers", 1, 42.0)
+    verdict = judge_stop(text, tmp_path / "run1.log", _out(tmp_path, [FAULT_STEP - 1]), "sampler-unpatched", 1, 42.0)
     assert verdict["statistics_above_stop"] == ["seq_abs_diff_median", "kl_k3"]
     assert verdict["checkpoints_left"] == [f"global_step_{FAULT_STEP - 1}"]
 
@@ -114,6 +126,30 @@ REFUSED = (
 )
 
 
+CHECKED = (
+    "ray.exceptions.RayTaskError(WeightSyncError): r1_ascend.patches._errors.WeightSyncError: weight sync 2 is wrong "
+    "on 2 of 2 ranks (288 mismatches); nothing was generated from it. First: rank 0, sync 2: "
+    "model.layers.1.mlp.experts.0.gate_proj.weight -> model.layers.1.mlp.experts.w13_weight[0, 0:96]: vLLM holds other "
+    "values than it received: fingerprint expected proj 1.6, total 3.1, checksum 14; found proj 0.1 (differs by 1.5, "
+    "bound 0.0045), total -1.7 (bound 0.0044), checksum 99.\n"
+)
+
+
+def test_a_sync_the_weight_check_stops_names_the_sync_the_ranks_and_the_tensor(tmp_path: Path) -> None:
+    text = "step:1 - critic/score/mean:0.2\n" + CHECKED
+    verdict = judge_stop(text, tmp_path / "run1.log", _out(tmp_path, [1]), "expert-transposed-resume", 1, 20.0)
+    assert verdict["stopped_by"] == "the weight-sync check"
+    assert verdict["stopped_in_sync"] == WEIGHT_FAULT_SYNC
+    assert verdict["ranks"] == "2 of 2"
+    assert verdict["named"] == "model.layers.1.mlp.experts.0.gate_proj.weight"
+    early = CHECKED.replace("sync 2", "sync 1")
+    with pytest.raises(RehearsalError, match="stopped sync 1"):
+        judge_stop(early, tmp_path / "r.log", tmp_path, "expert-transposed-resume", 1, 20.0)
+    _out(tmp_path, [2])
+    with pytest.raises(RehearsalError, match="global_step_2 was saved"):
+        judge_stop(CHECKED, tmp_path / "r.log", tmp_path, "expert-transposed-resume", 1, 20.0)
+
+
 def test_a_sync_the_loader_refuses_stops_the_run_naming_the_tensor(tmp_path: Path) -> None:
     text = "step:1 - critic/score/mean:0.2\n" + REFUSED
     verdict = judge_stop(text, tmp_path / "run1.log", _out(tmp_path, [1]), "expert-transposed-load", 1, 30.0)
@@ -141,15 +177,53 @@ RAN = "".join(f"step:{step} - a:1\n" for step in range(1, N + 1))
 )
 def test_a_broken_stop_fails(tmp_path: Path, text: str, code: int, steps: list[int], expected: str) -> None:
     with pytest.raises(RehearsalError, match=expected):
-        judge_stop(text, tmp_path / "run1.log", _out(tmp_path, steps), "stale-layers", code, 1.0)
+        judge_stop(text, tmp_path / "run1.log", _out(tmp_path, steps), "sampler-unpatched", code, 1.0)
+
+
+def test_a_weight_fault_is_planted_where_the_weight_check_stops_it_and_with_the_check_off_where_the_guard_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("R1_ASCEND_DISABLE", raising=False)
+    monkeypatch.delenv("R1_ASCEND_DISABLE_ALL", raising=False)
+    assert fault_step("stale-layers") == WEIGHT_FAULT_SYNC
+    plan = plan_for("expert-transposed-resume", Plan())
+    assert (plan.total_steps, plan.save_freq, plan.rollout_fault) == (2, 1, "expert-transposed-resume@2")
+    assert fault_step("sampler-unpatched") == FAULT_STEP, "the check cannot see the sampler: the guard must"
+    monkeypatch.setenv("R1_ASCEND_DISABLE", "verl_weight_sync_check")
+    assert fault_step("stale-layers") == FAULT_STEP
+
+
+@pytest.mark.slow
+def test_a_weight_fault_planted_in_the_real_run_is_stopped_by_the_weight_check(
+    tmp_path: Path, weights: Path, rehearse
+) -> None:
+    """expert-transposed-resume: after the rollout's first release / resume (verl's trainer_mode, then rollout_mode)
+    the experts' layout is transposed again in vLLM's model; the weight-sync check, run by verl's rollout_mode on
+    every sync, stops sync 2 on every worker before anything is generated from it, naming an expert tensor; step 1's
+    sync was checked and passed. Every other weight fault, in seeds 0-4: tests/model/test_weight_sync_check.py."""
+    out = tmp_path / "weight-fault"
+    fault = "expert-transposed-resume"
+    done = rehearse("--output-dir", str(out), "--weights", str(weights), "--rollout-fault", fault)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    verdict = json.loads((out / f"summary-{fault}.json").read_text())["rollout_fault"]
+    assert verdict["stopped_by"] == "the weight-sync check"
+    assert verdict["stopped_in_sync"] == WEIGHT_FAULT_SYNC
+    assert verdict["ranks"] == "2 of 2"
+    assert ".mlp.experts." in verdict["named"]
+    assert verdict["time_to_stop_s"] <= STOP_BOUND_S
+    assert verdict["checkpoints_left"] == ["global_step_1"]
+    records = read_lifecycle(out / "lifecycle")
+    checked = sorted((e["sync"], e["mismatches"] > 0) for e in records if e["event"] == "weight_checked")
+    assert checked == [(1, False), (1, False), (2, True), (2, True)], "sync 1 passed and sync 2 failed on both"
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", ["stale-layers"])
 def test_a_rollout_fault_planted_in_the_real_run_is_stopped(
-    tmp_path: Path, weights: Path, rehearse, fault: str
+    tmp_path: Path, weights: Path, rehearse, fault: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """stale-layers: the fault with the widest margin over the stop level that is not a whole sync missed (the
+    """stale-layers, with the weight-sync check switched off (it would stop the sync first): the fault with the
+    widest margin over the stop level that is not a whole sync missed (the
     one-process bench, seeds 0-4: the median 3.7-8.3x its calibrated stop level, docs/rollout_guard.md), planted in
     the first step after calibration: the steps before it calibrate the guard's levels at the shipped settings, and
     their checkpoint saves the calibration. The other rollout
@@ -160,6 +234,7 @@ def test_a_rollout_fault_planted_in_the_real_run_is_stopped(
     It runs at the layout the trivial one leaves out: 2 nodes x 2 fake NPUs, the actor in 2 pipeline stages (megatron's
     1F1B schedule and its p2p over gloo, verl's export across the stages) and the rollout at TP 2 x DP 2 with EP 4 (the
     overlay's vllm_dp_ep_groups builds vLLM's DP and EP groups; every worker's are checked against the layout rule)."""
+    monkeypatch.setenv("R1_ASCEND_DISABLE", "verl_weight_sync_check")
     out = tmp_path / "rollout-fault"
     layout = ["--npus-per-node", "2", "--actor-pp", "2", "--rollout-dp", "2"]
     done = rehearse("--output-dir", str(out), "--weights", str(weights), *layout, "--rollout-fault", fault)

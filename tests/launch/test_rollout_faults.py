@@ -1,6 +1,8 @@
 """Planted rollout faults (``r1_ascend.rehearse.rollout_faults``): each changes what the CPU rollout engine computes
-in exactly the documented way, and only in the sync it is planted in. The guard's view of them on the real model
-path: tests/model/test_rollout_guard_faults.py."""
+in exactly the documented way, and only in the sync it is planted in. Here the engine without vLLM's model (no
+torch.distributed world): the export-stream, MLA and configuration faults; the faults planted in vLLM's loader or
+parameters say they need it. In vLLM's model: tests/model/test_vllm_deepseek_load.py and test_weight_sync_check.py;
+the guard's view on the real model path: tests/model/test_rollout_guard_faults.py."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from vllm import SamplingParams
 from r1_ascend.cpu import engine as cpu_engine
 from r1_ascend.cpu.engine import CPUStandInLLM
 from r1_ascend.patches.impl.rollout_memory import mla_impls
-from r1_ascend.rehearse import rollout_faults
+from r1_ascend.rehearse import rollout_faults, weight_faults
 from r1_ascend.rehearse.inputs import write_model
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13, 14]]
@@ -54,19 +56,39 @@ def test_bad_specs_are_refused(spec: str) -> None:
         rollout_faults.parse_spec(spec)
 
 
-def test_stale_layers_keep_the_previous_sync_in_their_sync_only(model_dir: Path, monkeypatch) -> None:
-    llm = _engine(model_dir, monkeypatch, "stale-layers@2")
+def test_the_previous_syncs_tensors_sent_in_their_sync_only(model_dir: Path, monkeypatch) -> None:
+    llm = _engine(model_dir, monkeypatch, "previous-sync-sent@2")
     first, second, third = (_weights(llm, s) for s in (1, 2, 3))
     _sync(llm, first)
     _sync(llm, second)
-    params = dict(llm.model.named_parameters())
-    layers = llm.hf_config.num_hidden_layers
-    for name, param in params.items():
-        stale = name.startswith((f"model.layers.{layers - 2}.", f"model.layers.{layers - 1}."))
-        assert torch.equal(param, (first if stale else second)[name]), name
+    assert all(torch.equal(p, first[n]) for n, p in llm.model.named_parameters()), "the stream carried sync 1's"
     _sync(llm, third)
     assert all(torch.equal(p, third[n]) for n, p in llm.model.named_parameters()), "planted once"
     assert llm.fault.planted_in == 2
+
+
+def test_export_faults_change_exactly_their_tensors(model_dir: Path) -> None:
+    """What each export fault does to the stream: the bias left out, gate and up exchanged in the dense and shared
+    MLPs (never the routed experts), each layer's kv_a_layernorm named with the next layer's index."""
+    weights = {
+        "model.layers.0.mlp.gate_proj.weight": torch.ones(2),
+        "model.layers.0.mlp.up_proj.weight": torch.zeros(2),
+        "model.layers.1.mlp.shared_experts.gate_proj.weight": torch.ones(2),
+        "model.layers.1.mlp.shared_experts.up_proj.weight": torch.zeros(2),
+        "model.layers.1.mlp.experts.0.gate_proj.weight": torch.ones(2),
+        "model.layers.1.mlp.experts.0.up_proj.weight": torch.zeros(2),
+        "model.layers.1.mlp.gate.e_score_correction_bias": torch.ones(2),
+        "model.layers.0.self_attn.kv_a_layernorm.weight": torch.full((2,), 0.0),
+        "model.layers.1.self_attn.kv_a_layernorm.weight": torch.full((2,), 1.0),
+    }
+    assert "model.layers.1.mlp.gate.e_score_correction_bias" not in weight_faults.without_bias(weights)
+    swapped = weight_faults.gate_up_exchanged(weights)
+    for prefix in ("model.layers.0.mlp.", "model.layers.1.mlp.shared_experts."):
+        assert torch.equal(swapped[prefix + "gate_proj.weight"], torch.zeros(2))
+    assert torch.equal(swapped["model.layers.1.mlp.experts.0.gate_proj.weight"], torch.ones(2))
+    shifted = weight_faults.mla_norms_shifted(weights, 2)
+    assert torch.equal(shifted["model.layers.1.self_attn.kv_a_layernorm.weight"], torch.zeros(2))
+    assert torch.equal(shifted["model.layers.0.self_attn.kv_a_layernorm.weight"], torch.ones(2))
 
 
 def test_mla_not_recomputed_keeps_the_previous_matrices_and_changes_the_logits(model_dir: Path, monkeypatch) -> None:
@@ -90,14 +112,14 @@ def test_mla_not_recomputed_keeps_the_previous_matrices_and_changes_the_logits(m
 
 
 @pytest.mark.parametrize(
-    "name", ["expert-swap", "expert-transposed", "kv-b-proj-halves", "routing-ungrouped", "yarn-off"]
+    "name", ["converter-gate-up", "converter-mla-norm", "stale-bias", "routing-ungrouped", "yarn-off"]
 )
 def test_every_fault_changes_the_engines_output(model_dir: Path, monkeypatch, name: str) -> None:
     llm = _engine(model_dir, monkeypatch, f"{name}@2")
     reference = _engine(model_dir, monkeypatch)
-    weights = _weights(llm, 1)
+    first, weights = _weights(llm, 1), _weights(llm, 2)
     for engine in (llm, reference):
-        _sync(engine, weights)
+        _sync(engine, first)
         engine.generate([{"prompt_token_ids": p} for p in PROMPTS], SamplingParams(max_tokens=2, temperature=0))
         _sync(engine, weights)
     long = [list(range(3, 60))]  # yarn changes rotations that only matter further into the context
@@ -109,9 +131,9 @@ def test_every_fault_changes_the_engines_output(model_dir: Path, monkeypatch, na
 
 
 def test_a_per_expert_fault_needs_a_generation_first(model_dir: Path, monkeypatch) -> None:
-    llm = _engine(model_dir, monkeypatch, "expert-swap@1")
+    llm = _engine(model_dir, monkeypatch)
     with pytest.raises(ValueError, match="sync after a generation"):
-        _sync(llm, _weights(llm, 1))
+        rollout_faults.typical_expert(llm, [])
 
 
 def test_sampler_unpatched_keeps_the_tokens_and_reports_raw_logit_log_probs(model_dir: Path, monkeypatch) -> None:
@@ -147,13 +169,22 @@ def test_sampler_unpatched_keeps_the_tokens_and_reports_raw_logit_log_probs(mode
     assert float(raw[token]) != pytest.approx(float(scaled[token]), abs=1e-3)
 
 
-@pytest.mark.parametrize("name", ["w13-swap", "wrong-ep-rank", "expert-transposed-load"])
-def test_a_layout_fault_says_it_needs_vllms_loader(model_dir: Path, monkeypatch, name: str) -> None:
-    """Planted in vLLM's own load_weights: an engine built without vLLM's model (no torch.distributed world) cannot
-    carry it, and says so instead of loading healthy weights. Planted in vLLM's model: tests/model/
-    test_vllm_deepseek_load.py; judged by the guard: tests/model/test_rollout_guard_faults.py."""
+IN_VLLM = sorted(
+    name for name, f in rollout_faults.FAULTS.items() if f.where == "loader" or f.name.startswith("expert-")
+)
+
+
+def test_a_fault_of_vllms_loader_or_parameters_says_it_needs_vllms_model(model_dir: Path, monkeypatch) -> None:
+    """Planted in vLLM's own load_weights or parameters: an engine built without vLLM's model (no torch.distributed
+    world) cannot carry it, and says so instead of loading healthy weights. Planted in vLLM's model: tests/model/
+    test_vllm_deepseek_load.py and test_weight_sync_check.py; judged by the guard: test_rollout_guard_faults.py."""
     llm = _engine(model_dir, monkeypatch)
+    weights = _weights(llm, 1)
+    _sync(llm, weights)
+    llm.generate([{"prompt_token_ids": p} for p in PROMPTS], SamplingParams(max_tokens=2, temperature=0))
     assert llm.model.vllm_loader.model is None
-    with pytest.raises(rollout_faults.RolloutFaultError, match="R1_ASCEND_ROLLOUT_VLLM_LOADER"):
-        rollout_faults.sync(llm, _weights(llm, 1), fault=rollout_faults.get(name))
-    assert llm.model.vllm_loader.change is None
+    for name in IN_VLLM:
+        with pytest.raises(rollout_faults.RolloutFaultError, match="R1_ASCEND_ROLLOUT_VLLM_LOADER"):
+            rollout_faults.sync(llm, weights, fault=rollout_faults.get(name), probe=PROMPTS)
+        assert llm.model.vllm_loader.change is None, name
+    assert len(IN_VLLM) >= 10, IN_VLLM

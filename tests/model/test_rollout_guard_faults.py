@@ -1,6 +1,8 @@
 """The rollout guard on the real model path: healthy steps never warn at the levels a run calibrates, each planted
-fault is stopped (or warned) at the step it was planted in, refused by the rollout's weight loader, refused with the
-engine's configuration before the first step, or written down as not separable with its reason.
+fault is stopped at the step it was planted in, refused with the engine's configuration before the first step, or
+written down as not separable with its reason; every weight or layout fault is stopped by the weight-sync check at
+its sync (the bench records the check's verdict and measures the guard on the same step anyway), and no healthy sync
+trips it.
 
 One process of ``benchmarks/rollout_guard_bench.py`` (megatron-core's DeepSeek-V3 actor from the converted
 checkpoint, verl's weight export, the CPU rollout engine, a GRPO update per step), judged at the shipped settings
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -38,7 +41,8 @@ FRESH = "yarn-off"
 #: Faults of the engine's configuration: refused with the engine's configuration before the first step (patch
 #: verl_rollout_model_config), whatever the guard sees of them planted in a built engine.
 ENGINE_CONFIG = sorted(name for name, fault in rollout_faults.FAULTS.items() if fault.engine_overrides is not None)
-#: Faults whose effect on this tiny model is within a few times bf16 noise, and why (docs/rollout_guard.md).
+#: Faults whose effect on this tiny model is within a few times bf16 noise, and why (docs/rollout_guard.md); the
+#: weight faults among them are stopped by the weight-sync check (test_every_weight_fault_is_stopped_by_the_check).
 NOT_SEPARABLE = {
     **{
         name: "one random expert adds about 1 % of the residual stream's norm to the tokens routed to it, so a fault "
@@ -46,11 +50,19 @@ NOT_SEPARABLE = {
         for name in ("expert-swap", "expert-transposed", "expert-negated")
     },
 }
-#: Faults the rollout's weight loader refuses in the sync they are planted in: the run stops there, before decoding.
-REFUSED_BY_LOADER = {
-    "expert-transposed-load": "vLLM's FusedMoE.weight_loader copies by shape, and the experts are not square",
-    "moe-loader-dropped": "vLLM's load_weights reads each expert parameter's weight_loader, which is gone",
+#: Faults planted with the weight-sync check, in the layer their class lives in: judged here by the check only (the
+#: guard's separation of them is not measured; docs/rollout_guard.md).
+CHECKED_ONLY = {
+    "previous-sync-sent",
+    "bias-missing",
+    "converter-gate-up",
+    "converter-mla-norm",
+    "expert-transposed-load",
+    "moe-loader-dropped",
+    "expert-transposed-resume",
 }
+#: The faults of the bench (one rank: those that need a wider world are planted in test_weight_sync_check.py).
+BENCHED = {name for name, fault in rollout_faults.FAULTS.items() if fault.needs is None}
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +154,7 @@ def test_engine_configuration_faults_are_refused_before_the_first_step(converted
 
 @pytest.mark.parametrize(
     "fault",
-    sorted(set(rollout_faults.FAULTS) - set(NOT_SEPARABLE) - set(REFUSED_BY_LOADER) - set(ENGINE_CONFIG)),
+    sorted(BENCHED - set(NOT_SEPARABLE) - CHECKED_ONLY - set(ENGINE_CONFIG)),
 )
 def test_planted_fault_is_stopped_at_its_step(measured: list[dict], fault: str) -> None:
     """At the levels calibrated over the healthy steps before it (seeds 0-4 of the bench: docs/rollout_guard.md)."""
@@ -155,20 +167,29 @@ def test_planted_fault_is_stopped_at_its_step(measured: list[dict], fault: str) 
 
 @pytest.mark.parametrize("fault", sorted(NOT_SEPARABLE))
 def test_not_separable_faults_are_written_down(measured: list[dict], fault: str) -> None:
-    """Each such fault is named with its reason in the guard's docs, and really is below the stop levels here (if
-    a change made it separable, it belongs with the stopped faults)."""
+    """Each such fault is named with its reason in the guard's docs, and measured at its step; the weight-sync check
+    stops it (below)."""
     docs = (REPO / "docs" / "rollout_guard.md").read_text(encoding="utf-8")
     assert f"`{fault}`" in docs
     (record,) = [r for r in measured if r["kind"] == "fault" and r["fault"] == fault]
-    assert not guard.Verdict.judge(_stats(record), _levels(measured)).stopped
+    assert record["step"] == FAULT_STEP
 
 
-@pytest.mark.parametrize("fault", sorted(REFUSED_BY_LOADER))
-def test_a_fault_the_loader_refuses_stops_the_sync_naming_the_tensor(measured: list[dict], fault: str) -> None:
+@pytest.mark.parametrize("fault", sorted(n for n in BENCHED if rollout_faults.get(n).where != "config"))
+def test_every_weight_fault_is_stopped_by_the_check(measured: list[dict], fault: str) -> None:
+    """Every weight or layout fault (among them the expert faults the guard cannot separate here) is stopped by the
+    weight-sync check in the sync of its step, naming a tensor. Seeds 0-4 and the wider worlds:
+    tests/model/test_weight_sync_check.py."""
     (record,) = [r for r in measured if r["kind"] == "fault" and r["fault"] == fault]
     assert record["step"] == FAULT_STEP
-    assert "load_weights" in record["refused"]
-    assert ".experts." in record["refused"], "the refusal names the expert tensor"
+    stopped = record["weight_check"]
+    assert stopped is not None, f"{fault}: the weight-sync check passed its sync"
+    assert re.search(r"weight sync \d+ is wrong on 1 of 1 ranks", stopped), stopped[:300]
+    assert re.search(r"model\.(layers\.\d+\.)?\S+\.weight|e_score_correction_bias|lm_head\.weight", stopped)
+
+
+def test_healthy_syncs_pass_the_weight_check(measured: list[dict]) -> None:
+    assert [r["weight_check"] for r in measured if r["kind"] == "healthy"] == [None] * HEALTHY_STEPS
 
 
 def test_every_fault_is_documented() -> None:

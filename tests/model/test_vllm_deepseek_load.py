@@ -1,13 +1,16 @@
 """The rollout's weights through vLLM's own DeepSeek-V3 ``load_weights`` (vllm-ascend's class, built on the CPU):
 every HF tensor verl exports lands where vLLM's kernels read it, at TP 1, at TP 2 with EP 2, and at TP 2 x DP 2 with
-EP 4 (the groups built by the overlay's vllm_dp_ep_groups), and each layout fault the rehearsal plants in vLLM's
-loader (gate/up swapped, an expert transposed, experts in the wrong EP slot, the experts' loaders dropped) is either
-refused on every rank or shows up."""
+EP 4 (the groups built by the overlay's vllm_dp_ep_groups); the weight-sync check's ownership rule agrees with vLLM's
+real loader there (every healthy load passes its load check, in five seeds), and each layout fault the rehearsal
+plants in vLLM's loader (gate/up swapped, an expert handed over transposed, experts in the wrong EP slot or on the
+wrong EP rank, the experts' loaders dropped, one tensor's TP shards exchanged, kv_b_proj's halves) shows up and is
+stopped by the check on every rank, naming the tensor (seeds 0-4 of each: test_weight_sync_check.py)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +23,7 @@ from r1_ascend.weights.tiny import deepseek_v3_config
 pytestmark = pytest.mark.slow
 
 CHILD = Path(__file__).with_name("vllm_deepseek_child.py")
+EXPERT = r"model\.layers\.\d+\.mlp\.experts\.\d+\.(gate|up|down)_proj\.weight"
 
 
 @pytest.fixture(scope="module")
@@ -93,9 +97,21 @@ def test_the_registry_builds_vllm_ascends_deepseek_class(tp1: dict) -> None:
 
 def test_every_exported_tensor_lands_where_vllm_reads_it(tp1: dict) -> None:
     healthy = tp1["healthy"]
-    assert "load_error" not in healthy, healthy  # includes: vLLM's load_weights wrote every parameter it has
+    assert "load_error" not in healthy, healthy
+    assert healthy["unwritten"] == [], "vLLM's load_weights wrote every parameter it has"
     assert healthy["missing"] == []
     assert healthy["differ"] == []
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_the_ownership_rule_agrees_with_vllms_loader_in_every_healthy_load(
+    world: int, layouts: dict[int, list[dict]]
+) -> None:
+    """A healthy load, at every layout, passes the weight-sync check's load check on every rank: the rule (written
+    from the layout, not the loader) says where vLLM's loader put each tensor, and where vLLM's MLA objects derived
+    their matrices from (their TP share of the heads)."""
+    for rank in layouts[world]:
+        assert rank["healthy"]["check"] is None, rank["healthy"]["check"]
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])
@@ -104,13 +120,10 @@ def test_after_start_up_the_experts_load_only_with_verls_moe_loader_patch(
 ) -> None:
     # vllm-ascend's process_weights_after_loading replaces w13/w2 by parameters without a weight_loader: vLLM's own
     # load_weights fails on them, verl's patch_vllm_moe_model_weight_loader (run by the sync) puts the loaders back,
-    # and a sync without it is refused naming the expert
+    # and an update that skips the parameters without one leaves the experts stale: the weight check names them
     for rank in layouts[world]:
         assert "no attribute 'weight_loader'" in rank["unpatched"].get("load_error", ""), rank["unpatched"]
-        dropped = rank["moe-loader-dropped"].get("load_error", "")
-        assert "refused" in dropped, dropped
-        assert ".experts." in dropped, dropped
-        assert "weight_loader" in dropped, dropped
+        _stopped(rank["moe-loader-dropped"]["check"], rf"{EXPERT} -> model\.layers\.\d+\.mlp\.experts\.w(13|2)_weight")
 
 
 def test_the_routing_bias_is_held_in_the_model_dtype(tp1: dict) -> None:
@@ -128,15 +141,22 @@ def test_a_gate_up_swap_in_the_loader_is_seen_in_every_expert(world: int, layout
         assert "load_error" not in swapped, swapped
         experts = [name for name in swapped["experts"] if name.endswith(("gate_proj.weight", "up_proj.weight"))]
         assert swapped["differ"] == sorted(experts)
+        _stopped(swapped["check"], rf"{EXPERT} -> model\.layers\.\d+\.mlp\.experts\.w13_weight\[")
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])
-def test_a_transposed_expert_is_refused_by_the_loader_on_every_rank(world: int, layouts: dict[int, list[dict]]) -> None:
-    # the tiny model's experts are not square, so FusedMoE.weight_loader cannot copy a transposed one; the rank that
-    # holds expert 0 names it, and the others stop with it instead of waiting in the read-back
-    errors = [rank["expert-transposed-load"].get("load_error", "") for rank in layouts[world]]
-    assert all("refused" in error for error in errors), errors
-    assert any(".experts.0.down_proj.weight" in error for error in errors), errors
+def test_an_expert_handed_over_transposed_is_stopped_by_the_check_on_every_rank(
+    world: int, layouts: dict[int, list[dict]]
+) -> None:
+    # laid back into its shape the loader copies it; vLLM's model then holds it transposed: the rank that holds
+    # expert 0 names it, and every rank stops
+    for rank in layouts[world]:
+        transposed = rank["expert-transposed-load"]
+        assert "load_error" not in transposed, transposed
+        assert any(".experts.0.down_proj.weight" in name for name in transposed["differ"])
+        _stopped(
+            transposed["check"], r"experts\.0\.down_proj\.weight -> model\.layers\.\d+\.mlp\.experts\.w2_weight\[0\]"
+        )
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -169,3 +189,34 @@ def test_experts_in_the_wrong_ep_slot_are_seen(world: int, layouts: dict[int, li
         wrong = rank["wrong-ep-rank"]
         assert "load_error" not in wrong
         assert wrong["differ"], "experts loaded into shifted slots read back as the source"
+        _stopped(wrong["check"], rf"{EXPERT} -> model\.layers\.\d+\.mlp\.experts\.w(13|2)_weight")
+
+
+#: The tensor each planted fault's stop names, at the worlds that carry it.
+NAMED = {
+    "w13-swap": rf"{EXPERT} -> model\.layers\.\d+\.mlp\.experts\.w13_weight",
+    "expert-transposed-load": r"experts\.0\.down_proj\.weight -> model\.layers\.\d+\.mlp\.experts\.w2_weight\[0\]",
+    "wrong-ep-rank": rf"{EXPERT} -> model\.layers\.\d+\.mlp\.experts\.w(13|2)_weight",
+    "moe-loader-dropped": rf"{EXPERT} -> model\.layers\.\d+\.mlp\.experts\.w(13|2)_weight",
+    "kv-b-proj-halves": r"layers\.1\.self_attn\.kv_b_proj\.weight -> (model\.layers\.1\.self_attn\.kv_b_proj|W_U)",
+    "tp-shards-swapped": r"model\.layers\.1\.self_attn\.q_b_proj\.weight -> model\.layers\.1\.self_attn\.q_b_proj",
+    "expert-wrong-rank": rf"{EXPERT} -> model\.layers\.\d+\.mlp\.experts\.w(13|2)_weight\[0",
+}
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_every_loader_fault_is_stopped_on_every_rank(world: int, layouts: dict[int, list[dict]]) -> None:
+    """One TP shard swapped needs TP 2, an expert on the wrong EP rank EP 2: both at worlds 2 and 4. Seeds 0-4 of
+    every fault: test_weight_sync_check.py."""
+    for rank in layouts[world]:
+        if world > 1:
+            assert {"tp-shards-swapped", "expert-wrong-rank"} <= set(rank["wider"])
+        for name in ["w13-swap", "expert-transposed-load", "wrong-ep-rank", "moe-loader-dropped", *rank["wider"]]:
+            _stopped(rank[name]["check"], NAMED[name])
+
+
+def _stopped(message: str | None, named: str) -> None:
+    assert message is not None, "not stopped by the weight check"
+    assert re.search(r"weight sync \d+ is wrong on \d+ of \d+ ranks", message), message[:300]
+    assert re.search(named, message), message[:600]
+    assert "fingerprint expected proj" in message

@@ -1,14 +1,18 @@
 """One rank of ``test_vllm_deepseek_load.py``: build vLLM's DeepSeek-V3 class on the CPU, load the tiny checkpoint's
-HF tensors through its ``load_weights`` and report what each parameter holds against the source tensors.
+HF tensors through its ``load_weights`` and report what each parameter holds against the source tensors, and what
+the weight-sync check (``verl_weight_sync_check``, its load check: no actor here) says of each load.
 
-Usage: python vllm_deepseek_child.py MODEL_DIR WORLD RANK PORT OUT_JSON
+Usage: python vllm_deepseek_child.py MODEL_DIR WORLD RANK PORT OUT_JSON [DP]
 One build (as vLLM's loader leaves the model at start-up), then one load per case: ``unpatched`` (vLLM's
 ``load_weights`` without verl's MoE loader patch), ``healthy``, and the layout faults the rehearsal plants in vLLM's
 loader (``r1_ascend.rehearse.rollout_faults``), loaded as the rollout engine's sync loads (``VLLMLoader``): ``w13-swap``
 (every expert's gate and up exchanged in ``w13``), ``expert-transposed-load`` (expert 0's down_proj handed over
-transposed) and ``wrong-ep-rank`` (each MoE layer's expert map shifted by one while the weights load: experts land in
-another rank's or slot's place, and are read back through the layer's own map, as its kernels route),
-``moe-loader-dropped`` (the experts' ``weight_loader`` missing, as without verl's patch).
+transposed, laid back into its shape) and ``wrong-ep-rank`` (each MoE layer's expert map shifted by one while the
+weights load: experts land in another rank's or slot's place, and are read back through the layer's own map, as its
+kernels route), ``moe-loader-dropped`` (the experts' ``weight_loader`` missing and their tensors skipped), and where
+the world has them ``tp-shards-swapped`` (TP >= 2) and ``expert-wrong-rank`` (EP >= 2). After each load vLLM's own
+``AscendMLAImpl`` objects re-derive the MLA matrices (their TP share of the heads, as on the NPU) and the check
+compares every engine tensor with what it received. Seeds 0-4 of every fault: test_weight_sync_check.py.
 """
 
 from __future__ import annotations
@@ -16,11 +20,16 @@ from __future__ import annotations
 import json
 import os
 import sys
+import types
 from pathlib import Path
 
 from r1_ascend.testing import npu_stub
 
 npu_stub.install()
+
+from r1_ascend.patches.prelude import apply_once  # noqa: E402
+
+apply_once()  # the weight-sync check wraps vLLM's load_weights, as in every rollout worker
 
 import torch  # noqa: E402
 
@@ -32,9 +41,38 @@ from r1_ascend.weights.tiny import bf16_state_dict  # noqa: E402
 #: ``unpatched`` first (vLLM's own load_weights, verl's MoE loader patch not yet applied), then the rollout engine's
 #: sync (``VLLMLoader``): healthy, and the layout faults the rehearsal plants in vLLM's loader
 CASES = ("unpatched", "healthy", "w13-swap", "expert-transposed-load", "wrong-ep-rank", "moe-loader-dropped")
+#: Faults planted too where the world has what they need (``RolloutFault.needs``).
+WIDER = ("tp-shards-swapped", "expert-wrong-rank", "kv-b-proj-halves")
 
 
-def load_case(model: torch.nn.Module, source: dict[str, torch.Tensor], case: str) -> dict[str, object]:
+def _engine(model: torch.nn.Module, config: dict) -> types.SimpleNamespace:
+    """What a fault's plant reads of the rollout engine: its config and the vLLM model it loads through."""
+    return types.SimpleNamespace(
+        hf_config=types.SimpleNamespace(**config), model=types.SimpleNamespace(vllm_loader=VLLMLoader(model))
+    )
+
+
+def checked(model: torch.nn.Module) -> str | None:
+    """The MLA matrices re-derived by vLLM's own MLA objects, then the weight-sync check's verdict on the load."""
+    from r1_ascend.patches import WeightSyncError as CheckError
+    from r1_ascend.patches.impl import weight_check
+    from r1_ascend.patches.impl.rollout_memory import recompute_mla_matrices
+
+    context = {f"{name}.attn": m.mla_attn for name, m in model.named_modules() if hasattr(m, "mla_attn")}
+    recompute_mla_matrices([attention.impl for attention in context.values()], torch.bfloat16)
+    try:
+        weight_check.verify(context)
+    except CheckError as error:
+        return str(error)
+    return None
+
+
+def applicable(name: str, tp: int, ep: int) -> bool:
+    needs = rollout_faults.get(name).needs or ""
+    return not (("rollout TP" in needs and tp < 2) or (needs == "EP >= 2" and ep < 2))
+
+
+def load_case(model: torch.nn.Module, source: dict[str, torch.Tensor], case: str, config: dict) -> dict[str, object]:
     report: dict[str, object] = {}
     if case == "unpatched":
         try:
@@ -44,14 +82,17 @@ def load_case(model: torch.nn.Module, source: dict[str, torch.Tensor], case: str
         return report
     change = None
     if case != "healthy":
-        planned = rollout_faults.get(case).plant(None, source, source, [])
+        planned = rollout_faults.get(case).plant(_engine(model, config), source, source, [])
         assert planned.in_loader is not None, case
         change = planned.in_loader
+    loader = VLLMLoader(model, change=change)
     try:
-        tensors = dict(VLLMLoader(model, change=change).load(list(source.items())))
+        tensors = dict(loader.load(list(source.items())))
     except WeightSyncError as error:
         report["load_error"] = str(error)
         return report
+    report["unwritten"] = loader.unwritten
+    report["check"] = checked(model)
     report["experts"] = sorted(name for name in tensors if ".experts." in name)
     report["differ"] = sorted(
         name for name, tensor in tensors.items() if not torch.equal(tensor, source[name].to(tensor.dtype))
@@ -99,14 +140,18 @@ def main() -> None:
         "data_parallel_size": config.parallel_config.data_parallel_size,
         "moe_ep_size": [m.moe_parallel_config.ep_size for m in model.modules() if hasattr(m, "moe_parallel_config")],
     }
-    source = bf16_state_dict(json.loads((model_dir / "config.json").read_text()), 0)
+    hf = json.loads((model_dir / "config.json").read_text())
+    source = bf16_state_dict(hf, 0)
     report: dict[str, object] = {
         "class": f"{type(model).__module__}.{type(model).__qualname__}",
         "dtypes": {name: str(param.dtype) for name, param in model.named_parameters()},
         "groups": groups,
     }
-    for case in CASES:
-        report[case] = load_case(model, source, case)
+    ep = max(groups["moe_ep_size"])
+    wider = [name for name in WIDER if applicable(name, tp, ep)]
+    for case in (*CASES, *wider):
+        report[case] = load_case(model, source, case, hf)
+    report["wider"] = wider
     Path(out).write_text(json.dumps(report))
 
 

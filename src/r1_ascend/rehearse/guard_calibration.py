@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import importlib
 import io
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +57,8 @@ class StepResult:
     fault: str | None
     stats: guard.DiffStats
     reward: float
+    #: the weight-sync check's stop message for this step's sync (None: it passed); the step is measured anyway
+    weight_check: str | None = None
 
     @property
     def values(self) -> dict[str, float]:
@@ -93,6 +96,9 @@ class Loop:
         from r1_ascend.rehearse.config import CPU_TRANSFORMER_OVERRIDES
         from r1_ascend.weights.model_check import build_actor, init_single_rank
 
+        # as in the worker, which imports both verl modules that hold per_tensor_generator: the weight-sync check's
+        # export wrapper is installed once both are (verl_weight_sync_check)
+        importlib.import_module("verl.workers.megatron_workers")
         torch.manual_seed(setup.seed)
         init_single_rank("gloo")
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[setup.dtype]
@@ -133,7 +139,7 @@ class Loop:
 
         self.step += 1
         weights = self.export()
-        rollout_faults.sync(self.engine, weights, self.previous, fault, self.prompts)
+        stopped = rollout_faults.sync(self.engine, weights, self.previous, fault, self.prompts)
         self.previous = weights
         params = SamplingParams(
             n=self.setup.samples, temperature=TEMPERATURE, max_tokens=self.setup.response_length, logprobs=0
@@ -152,7 +158,7 @@ class Loop:
         )
         if update:
             self._update(actor_lp, batch, rewards)
-        result = StepResult(self.step, None if fault is None else fault.name, stats, float(rewards.mean()))
+        result = StepResult(self.step, None if fault is None else fault.name, stats, float(rewards.mean()), stopped)
         return result
 
     def _actor_log_probs(self, batch: _Batch, *, grad: bool) -> torch.Tensor:
@@ -177,8 +183,6 @@ class Loop:
         loss.backward()
         self.optimizer.step()
         if self.tf_config.moe_router_enable_expert_bias:
-            import importlib
-
             # the module, not the function megatron.core.distributed re-exports under its name
             finalize = importlib.import_module("megatron.core.distributed.finalize_model_grads")
             finalize._update_router_expert_bias(self.actor, self.tf_config)

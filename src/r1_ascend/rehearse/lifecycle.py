@@ -233,6 +233,48 @@ def check_loading(events: list[dict[str, Any]], killed_pids: set[int]) -> str:
     return f"{sum(syncs.values())} weight syncs through {VLLM_LOADER}.load_weights"
 
 
+def check_weight_checks(events: list[dict[str, Any]], killed_pids: set[int]) -> str:
+    """Every weight sync of every worker was checked exactly by the weight-sync check (patch
+    ``verl_weight_sync_check``) and matched: each ``update_weights`` record is followed, before the worker's next
+    sync, by a ``weight_checked`` record of that sync number with no mismatch. A worker of the killed run may lack it
+    after its last sync. Returns how many, and what the check cost against the whole sync (verl's ``rollout_mode``)."""
+    syncs: dict[int, int] = {}
+    pending: set[int] = set()
+    check_s = sync_s = 0.0
+    for event in sorted(events, key=lambda e: e["t"]):
+        pid, name = int(event["pid"]), event["event"]
+        if name == "update_weights":
+            if pid in pending:
+                raise LifecycleError(
+                    f"worker pid {pid}: weight sync {syncs[pid]} was not checked by the weight-sync check before the "
+                    "next (R1_ASCEND_DISABLE must not name verl_weight_sync_check in a rehearsal)"
+                )
+            pending.add(pid)
+            syncs[pid] = syncs.get(pid, 0) + 1
+        elif name == "weight_checked" and pid in pending:
+            pending.discard(pid)
+            if int(event["sync"]) != syncs[pid] or int(event["mismatches"]):
+                raise LifecycleError(
+                    f"worker pid {pid}: weight sync {syncs[pid]} was checked as sync {event['sync']} with "
+                    f"{event['mismatches']} mismatches (first: {event.get('first')})"
+                )
+            check_s += float(event["predict_s"]) + float(event["receive_s"]) + float(event["verify_s"])
+            sync_s += float(event["sync_s"] or 0.0) + float(event["verify_s"])
+    unfinished = sorted(pid for pid in pending if pid not in killed_pids)
+    if unfinished:
+        raise LifecycleError(
+            f"workers {unfinished} recorded a last weight sync the weight-sync check did not check (R1_ASCEND_DISABLE "
+            "must not name verl_weight_sync_check in a rehearsal)"
+        )
+    if not syncs:
+        raise LifecycleError("no worker recorded a weight sync")
+    share = f"{100 * check_s / sync_s:.1f} %" if sync_s else "n/a"
+    return (
+        f"{sum(syncs.values())} weight syncs checked exactly, every engine tensor and share matching "
+        f"(the check {check_s:.2f} s of {sync_s:.2f} s of syncs, {share})"
+    )
+
+
 def check_vllm_groups(events: list[dict[str, Any]]) -> str:
     """Every worker that generated recorded vLLM's TP, DP and EP groups once its engine was built, and they are the
     ranks the overlay's layout rule plans for its world and TP size (``r1_ascend.patches.rules.dp_layout``): with
@@ -265,10 +307,12 @@ def check_vllm_groups(events: list[dict[str, Any]]) -> str:
 def rollout_path(events: list[dict[str, Any]], killed_pids: set[int]) -> dict[str, str]:
     """The rollout ran vLLM's own pieces in every worker: its sampler on every generation
     (:func:`check_sampling`), its DeepSeek-V3 ``load_weights`` on every sync (:func:`check_loading`), over the TP,
-    DP and EP groups the layout plans (:func:`check_vllm_groups`)."""
+    DP and EP groups the layout plans (:func:`check_vllm_groups`), and every sync was checked exactly
+    (:func:`check_weight_checks`)."""
     return {
         "sampling": check_sampling(events, killed_pids),
         "weight_loading": check_loading(events, killed_pids),
+        "weight_check": check_weight_checks(events, killed_pids),
         "vllm_groups": check_vllm_groups(events),
     }
 

@@ -1,13 +1,16 @@
 """``r1-ascend rehearse --rollout-fault NAME``: a planted rollout fault must stop the real run at the step it hits.
 
-A fault of the engine's weights or sampling runs on a plan of ``FAULT_STEP`` steps (a checkpoint before the fault's
-step) whose CPU rollout engine plants ``NAME`` (r1_ascend.rehearse.rollout_faults) into weight sync ``FAULT_STEP``:
-the first step the rollout guard gates at the levels it calibrated over the steps before (the shipped settings).
-The guard must stop the run in that step with ``RolloutActorMismatchError`` naming the step and the statistics above
-their stop levels, before the step is checkpointed (or, for a layout vLLM's loader cannot take, the loader must
-refuse that sync with ``WeightSyncError`` naming the tensor); every process of the run must be gone within
-``STOP_BOUND_S`` of the planted sync, and the checkpoint of the step before must be the last one. With the guard
-switched off (``R1_ASCEND_DISABLE=verl_rollout_guard``) the same run trains on to the end: nothing else notices.
+A fault of the weights (planted in the actor's export stream, vLLM's loader or vLLM's parameters) runs on a plan of
+``WEIGHT_FAULT_SYNC`` steps whose CPU rollout engine plants ``NAME`` (r1_ascend.rehearse.rollout_faults) into weight
+sync ``WEIGHT_FAULT_SYNC``, the first after a release / resume: the weight-sync check (``verl_weight_sync_check``)
+must stop that sync, before anything is generated from it, with ``WeightSyncError`` naming the sync, the ranks and
+the tensor. A fault the check cannot see (the sampler), or a weight fault with the check switched off, is planted into
+sync ``FAULT_STEP``: the first step the rollout guard gates at the levels it calibrated over the steps before (the
+shipped settings); the guard must stop that step with ``RolloutActorMismatchError`` naming it and the statistics
+above their stop levels (or, for a layout vLLM's loader cannot take, the loader must refuse that sync with
+``WeightSyncError`` naming the tensor). Always before the planted step is checkpointed, every process of the run gone
+within ``STOP_BOUND_S`` of the planted sync, the checkpoint of the step before the last one. With the mechanisms
+switched off the same run trains on to the end: nothing else notices.
 
 A fault of the engine's configuration (``routing-ungrouped``, ``yarn-off``: ``RolloutFault.engine_overrides``) is
 planted where its class lives: the run's ``actor_rollout_ref.rollout.engine_kwargs.vllm.hf_overrides``, so the
@@ -22,6 +25,7 @@ import re
 import time
 from pathlib import Path
 
+from r1_ascend import envs
 from r1_ascend.rehearse import faults, rollout_faults
 from r1_ascend.rehearse.cluster import wait_for
 from r1_ascend.rehearse.config import Plan, guard_config
@@ -29,9 +33,14 @@ from r1_ascend.rehearse.lifecycle import check_records, check_vllm_groups
 from r1_ascend.rehearse.progress import RehearsalError, log_progress, read_log
 from r1_ascend.rehearse.session import Session
 
-#: The weight sync (= training step, before the first validation) a weight or sampling fault is planted in: the
+#: The weight sync (= training step, before the first validation) a fault the guard must stop is planted in: the
 #: first step the shipped settings gate at calibrated levels.
 FAULT_STEP = guard_config().calibration.steps + 1
+#: The weight sync a fault the weight-sync check must stop is planted in: the first after a release / resume (the
+#: check needs no calibration).
+WEIGHT_FAULT_SYNC = 2
+#: The patch whose check stops a weight fault at its sync.
+WEIGHT_CHECK = "verl_weight_sync_check"
 #: Every process of the run must be gone within this many seconds of the planted sync.
 STOP_BOUND_S = 180.0
 #: An engine-configuration fault stops the run while the workers build their models: from the head's start, the
@@ -43,6 +52,10 @@ STOPPED = re.compile(
 )
 #: ``VLLMLoader``'s error when vLLM's load_weights refuses a tensor of the sync (r1_ascend.cpu.engine)
 REFUSED = re.compile(r"WeightSyncError: vLLM's DeepSeek-V3 load_weights \(\w+\) refused '([^']+)'")
+#: The weight-sync check's stop (patch verl_weight_sync_check): the sync, the ranks, the first rank's tensor
+CHECKED = re.compile(
+    r"WeightSyncError: weight sync (\d+) is wrong on (\d+) of (\d+) ranks .*?First: rank (\d+), sync \d+: (\S+) -> "
+)
 #: patch verl_rollout_model_config's error (r1_ascend.patches.rules.model_config.mismatch_message)
 CONFIG_REFUSED = re.compile(
     r"RolloutModelConfigError: .*?in \d+ field\(s\) that change what the model computes: (.*?)\. The"
@@ -55,19 +68,33 @@ def is_engine_config_fault(name: str) -> bool:
     return rollout_faults.get(name).engine_overrides is not None
 
 
+def weight_checked(name: str) -> bool:
+    """Whether the weight-sync check is the mechanism that must stop ``name``: a fault of the weights (not of the
+    engine's configuration or sampler), with the check switched on in this process's environment (the rehearsal
+    hands its ``R1_ASCEND_DISABLE`` to the run)."""
+    fault = rollout_faults.get(name)
+    return fault.where != "config" and WEIGHT_CHECK not in envs.disabled_patch_names() and not envs.disable_all()
+
+
+def fault_step(name: str) -> int:
+    """The weight sync ``name`` is planted in (the training step it must be stopped in)."""
+    return WEIGHT_FAULT_SYNC if weight_checked(name) else FAULT_STEP
+
+
 def plan_for(name: str, base: Plan) -> Plan:
     rollout_faults.get(name)  # unknown names fail before anything starts
     if is_engine_config_fault(name):
         return dataclasses.replace(
             base, total_steps=1, save_freq=1, test_freq=2, min_reward_rise=None, engine_fault=name
         )
+    step = fault_step(name)
     return dataclasses.replace(
         base,
-        total_steps=FAULT_STEP,
-        save_freq=FAULT_STEP - 1,
-        test_freq=FAULT_STEP + 1,
+        total_steps=step,
+        save_freq=step - 1,
+        test_freq=step + 1,
         min_reward_rise=None,
-        rollout_fault=f"{name}@{FAULT_STEP}",
+        rollout_fault=f"{name}@{step}",
     )
 
 
@@ -82,7 +109,8 @@ def drive(session: Session, name: str) -> tuple[int, float]:
         return head.returncode, stop_s
     wait_for(lambda: PLANTED.search(read_log(log)), f"the engine to plant {name}", 900, head, log)
     planted_at = time.monotonic()
-    log_progress(f"planted {name} in weight sync {FAULT_STEP}; waiting for the guard")
+    mechanism = "the weight-sync check" if weight_checked(name) else "the guard"
+    log_progress(f"planted {name} in weight sync {fault_step(name)}; waiting for {mechanism}")
     stop_s = faults.time_to_stop(head, lambda: faults.worker_pids(session.out), planted_at, log, STOP_BOUND_S)
     return head.returncode, stop_s
 
@@ -95,38 +123,50 @@ def judge(session: Session, stopped: tuple[int, float], name: str) -> dict[str, 
 
 
 def judge_stop(text: str, log: Path, out: Path, name: str, code: int, stop_s: float) -> dict[str, object]:
-    """The run stopped in the planted step, before its checkpoint, and said why: the guard, with the statistics above
-    their stop levels, or vLLM's weight loader refusing the planted sync (a layout it cannot take), naming the
-    tensor; for an engine-configuration fault, the model-configuration check at the engine's build, naming the
-    field, before any step."""
+    """The run stopped in the planted step, before its checkpoint, and said why: the weight-sync check, naming the
+    sync, the ranks and the tensor; the guard, with the statistics above their stop levels; or vLLM's weight loader
+    refusing the planted sync (a layout it cannot take), naming the tensor. For an engine-configuration fault, the
+    model-configuration check at the engine's build, naming the field, before any step."""
     if is_engine_config_fault(name):
         return _judge_config_refusal(text, log, out, name, code, stop_s)
-    stopped, refused = STOPPED.search(text), REFUSED.search(text)
-    if code == 0 or (stopped is None and refused is None):
+    step = fault_step(name)
+    stopped, refused, checked = STOPPED.search(text), REFUSED.search(text), CHECKED.search(text)
+    if code == 0 or (stopped is None and refused is None and checked is None):
         raise RehearsalError(
             f"the planted rollout fault {name} did not stop the run (exit code {code}, no 'rollout guard: at training "
-            f"step ...' error and no weight load refused): the guard missed it or is switched off; log: {log}"
+            f"step ...' error, no weight load refused, no weight sync found wrong): the guard and the weight-sync "
+            f"check missed it or are switched off; log: {log}"
         )
     found: dict[str, object]
-    if stopped is not None:
-        step = int(stopped.group(1))
-        if step != FAULT_STEP:
+    if checked is not None:
+        sync = int(checked.group(1))
+        if sync != step:
+            raise RehearsalError(f"the weight-sync check stopped sync {sync}, the fault was planted in {step}")
+        found = {
+            "stopped_by": "the weight-sync check",
+            "stopped_in_sync": sync,
+            "ranks": f"{checked.group(2)} of {checked.group(3)}",
+            "named": checked.group(5),
+        }
+    elif stopped is not None:
+        stopped_step = int(stopped.group(1))
+        if stopped_step != step:
             raise RehearsalError(
-                f"the guard stopped the run in step {step}, the fault was planted in step {FAULT_STEP}"
+                f"the guard stopped the run in step {stopped_step}, the fault was planted in step {step}"
             )
         statistics = [part.split(" = ")[0] for part in stopped.group(2).split(", ")]
         found = {
             "stopped_by": "the rollout guard",
-            "stopped_in_step": step,
+            "stopped_in_step": stopped_step,
             "statistics_above_stop": [s.removeprefix("rollout_guard/") for s in statistics],
         }
     else:
         assert refused is not None
-        found = {"stopped_by": "vLLM's weight loader", "stopped_in_sync": FAULT_STEP, "refused": refused.group(1)}
-    _not_finished(text, log, FAULT_STEP)
+        found = {"stopped_by": "vLLM's weight loader", "stopped_in_sync": step, "refused": refused.group(1)}
+    _not_finished(text, log, step)
     checkpoints = sorted(p.name for p in (out / "checkpoints").glob("global_step_*"))
-    if f"global_step_{FAULT_STEP}" in checkpoints:
-        raise RehearsalError(f"global_step_{FAULT_STEP} was saved although that step was stopped: {checkpoints}")
+    if f"global_step_{step}" in checkpoints:
+        raise RehearsalError(f"global_step_{step} was saved although that step was stopped: {checkpoints}")
     return {"name": name, **found, "time_to_stop_s": stop_s, "checkpoints_left": checkpoints, "exit_code": code}
 
 

@@ -1,13 +1,15 @@
-"""Rollout faults the guard exists for, planted into the CPU rollout engine at one weight sync.
+"""Rollout faults the guard and the weight-sync check exist for, planted at one weight sync of the CPU rollout.
 
 Each fault is one way the rollout can decode from a policy other than the actor's while producing fluent text: the
 classes seen in the issue trackers of this stack (a sync that was skipped or left some layers stale, expert weights
 swapped or mis-laid after wake-up, MLA's derived matrices not recomputed, the two engines configured differently).
-A fault acts on the weights of one sync (the HF-named tensors the actor exported, and those of the previous sync),
-on the engine's model configuration, or, for the layout faults, on vLLM's DeepSeek-V3 loader while that sync's
-``load_weights`` runs (gate and up exchanged in ``w13``, experts placed through a shifted expert map, an expert handed
-over transposed, the experts' ``weight_loader`` dropped); it never touches the actor. Used by the guard's calibration
-(:mod:`r1_ascend.rehearse.guard_calibration`, ``benchmarks/rollout_guard_bench.py``) and its tests.
+Each is planted where its class lives (``where``): in the actor's export stream (the HF-named tensors verl's
+``per_tensor_generator`` emitted, before the rollout receives them), in vLLM's DeepSeek-V3 loader while that sync's
+``load_weights`` runs, in vLLM's parameters after the load (post-processing), in the engine's MLA re-derivation, or
+in the engine's configuration; never in the model that decodes, never in the actor. The weight faults' planting
+code is :mod:`r1_ascend.rehearse.weight_faults`. Used by the guard's calibration
+(:mod:`r1_ascend.rehearse.guard_calibration`, ``benchmarks/rollout_guard_bench.py``), the rehearsal's
+``--rollout-fault`` and their tests.
 """
 
 from __future__ import annotations
@@ -19,18 +21,19 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from r1_ascend.rehearse import weight_faults as wf
+from r1_ascend.rehearse.weight_faults import RolloutFaultError, bias_names
+
 if TYPE_CHECKING:  # torch is imported where a tensor is made: `rehearse --help` reads FAULTS without it
     import torch
+
+__all__ = ["FAULTS", "RolloutFault", "RolloutFaultError", "Sync", "bias_names", "get", "sync"]
 
 Weights = dict[str, "torch.Tensor"]
 
 
 #: A change to vLLM's DeepSeek-V3 model held while its ``load_weights`` runs for one sync (a layout fault)
 LoaderChange = Callable[["torch.nn.Module"], contextlib.AbstractContextManager[None]]
-
-
-class RolloutFaultError(RuntimeError):
-    """A fault cannot be planted into this engine."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,11 @@ class RolloutFault:
     #: planted into every sync from the first one on, "previous" staying the weights of the sync before it (a stale
     #: part of the engine that never catches up); otherwise into that one sync only
     persistent: bool = False
+    #: where it is planted: "export" (the stream the actor emits), "loader" (vLLM's load_weights), "engine" (vLLM's
+    #: parameters after the load, or the MLA re-derivation), "config" (the engine's model configuration)
+    where: str = "engine"
+    #: the parallel layout it needs beyond one rank (None: any); others refuse it with RolloutFaultError
+    needs: str | None = None
     #: for a fault of the engine's configuration: the ``hf_overrides`` that give the engine this configuration when it
     #: is built (config.json's fields -> the fields to override), where the fault's class lives; ``plant`` makes the
     #: same change to a built engine at one sync, to measure what the log-prob guard sees of it
@@ -109,71 +117,118 @@ def typical_expert(engine: Any, prompts: list[list[int]]) -> tuple[int, int, int
     return layer, expert, partner
 
 
-def _not_synced(_engine: Any, _weights: Weights, previous: Weights, _probe: list[list[int]]) -> Sync:
+def _vllm_model(engine: Any) -> Any:
+    """vLLM's DeepSeek-V3 model the engine loads through (a loader or engine fault is planted there)."""
+    model = engine.model.vllm_loader.model
+    if model is None:
+        msg = (
+            "this rollout fault is planted in vLLM's DeepSeek-V3 model, but the engine loads without it: the engine "
+            "builds vLLM's model only inside a torch.distributed world and with R1_ASCEND_ROLLOUT_VLLM_LOADER=1 "
+            "(the default)"
+        )
+        raise RolloutFaultError(msg)
+    return model
+
+
+def _in_vllm(engine: Any, weights: Weights, change: LoaderChange) -> Sync:
+    _vllm_model(engine)
+    return Sync(dict(weights), in_loader=change)
+
+
+def _not_synced(engine: Any, weights: Weights, _previous: Weights, _probe: list[list[int]]) -> Sync:
+    """The sync never reaches vLLM's model: the engine keeps the previous step's weights."""
+    return _in_vllm(engine, weights, wf.load_never_reaching)
+
+
+def _previous_sent(_engine: Any, _weights: Weights, previous: Weights, _probe: list[list[int]]) -> Sync:
+    """The export sends the previous sync's tensors (a stale send buffer)."""
     return Sync(dict(previous))
 
 
-def _stale_layers(engine: Any, weights: Weights, previous: Weights, _probe: list[list[int]]) -> Sync:
-    """The last two decoder layers keep the previous step's weights (a sync cut short, a bucket not sent)."""
+def _stale_layers(engine: Any, weights: Weights, _previous: Weights, _probe: list[list[int]]) -> Sync:
+    """vLLM's loader writes nothing into the last two decoder layers (a bucket of the sync never applied)."""
     count = int(engine.hf_config.num_hidden_layers)
-    stale = {count - 2, count - 1}
-    return Sync({n: (previous[n] if _layer(n) in stale else t) for n, t in weights.items()})
+    return _in_vllm(engine, weights, wf.layers_left_unwritten({count - 2, count - 1}))
 
 
 def _expert_swap(engine: Any, weights: Weights, _previous: Weights, probe: list[list[int]]) -> Sync:
-    """Two experts of one layer trade all three projections (an expert-index mapping off by a permutation)."""
+    """vLLM's loader takes two experts of one layer for each other (an expert-index mapping off by a permutation)."""
     layer, expert, partner = typical_expert(engine, probe)
-    swapped = dict(weights)
-    for proj in ("gate_proj", "up_proj", "down_proj"):
-        a, b = (f"model.layers.{layer}.mlp.experts.{e}.{proj}.weight" for e in (expert, partner))
-        swapped[a], swapped[b] = weights[b], weights[a]
-    return Sync(swapped)
+    return _in_vllm(engine, weights, wf.experts_exchanged(layer, expert, partner))
 
 
 def _expert_transposed(engine: Any, weights: Weights, _previous: Weights, probe: list[list[int]]) -> Sync:
-    """One expert's down projection read in the wrong layout (transposed, then viewed in the original shape): the
-    shape matches, so no load check sees it (the class of "expert weights transposed twice" after wake-up)."""
+    """After the load, one expert's down projection lies transposed in the same shape (the class of "expert
+    weights transposed twice" after wake-up)."""
     layer, expert, _partner = typical_expert(engine, probe)
-    name = f"model.layers.{layer}.mlp.experts.{expert}.down_proj.weight"
-    scrambled = dict(weights)
-    scrambled[name] = weights[name].t().contiguous().view(weights[name].shape)
-    return Sync(scrambled)
+    return _in_vllm(engine, weights, wf.expert_transposed_in_memory(layer, expert))
 
 
 def _expert_negated(engine: Any, weights: Weights, _previous: Weights, probe: list[list[int]]) -> Sync:
-    """One expert's down projection with its sign flipped: the expert's output reversed (a sign or scale lost in a
-    layout conversion); shapes and magnitudes are unchanged."""
+    """After the load, one expert's down projection has its sign flipped (a sign lost in a layout conversion)."""
     layer, expert, _partner = typical_expert(engine, probe)
-    name = f"model.layers.{layer}.mlp.experts.{expert}.down_proj.weight"
-    negated = dict(weights)
-    negated[name] = -weights[name]
-    return Sync(negated)
-
-
-def bias_names(weights: Mapping[str, torch.Tensor]) -> list[str]:
-    """The routers' expert-bias tensors of a sync (HF names)."""
-    return [name for name in weights if name.endswith(".mlp.gate.e_score_correction_bias")]
+    return _in_vllm(engine, weights, wf.expert_negated_in_memory(layer, expert))
 
 
 def _stale_bias(_engine: Any, weights: Weights, previous: Weights, _probe: list[list[int]]) -> Sync:
-    """Every expert bias kept at the value of the sync before the fault: a sync that carries parameters only (the
-    bias is a megatron-core buffer, exported from the state_dict, not named_parameters), or an engine that reads it
-    once at start-up. The engine then routes with a bias the actor has moved away from."""
+    """Every expert bias of the stream kept at the value of the sync before the fault: an export that carries
+    parameters only (the bias is a megatron-core buffer, exported from the state_dict, not named_parameters), or a
+    bias read once. The engine then routes with a bias the actor has moved away from."""
     stale = dict(weights)
     for name in bias_names(weights):
         stale[name] = previous[name]
     return Sync(stale)
 
 
-def _kv_b_proj_halves(engine: Any, weights: Weights, _previous: Weights, _probe: list[list[int]]) -> Sync:
-    """One layer's ``kv_b_proj`` with the two halves of its output rows swapped (a split/merge layout bug)."""
-    import torch
+def _bias_missing(_engine: Any, weights: Weights, _previous: Weights, _probe: list[list[int]]) -> Sync:
+    """The stream leaves the routers' expert bias out."""
+    return Sync(wf.without_bias(weights))
 
-    name = f"model.layers.{_moe_layer(engine)}.self_attn.kv_b_proj.weight"
-    swapped = dict(weights)
-    first, second = weights[name].chunk(2, dim=0)
-    swapped[name] = torch.cat([second, first], dim=0)
-    return Sync(swapped)
+
+def _converter_gate_up(_engine: Any, weights: Weights, _previous: Weights, _probe: list[list[int]]) -> Sync:
+    """The converter splits the dense and shared-expert ``linear_fc1`` up-first (gate_proj <-> up_proj)."""
+    return Sync(wf.gate_up_exchanged(weights))
+
+
+def _converter_mla_norm(engine: Any, weights: Weights, _previous: Weights, _probe: list[list[int]]) -> Sync:
+    """The converter names each layer's ``kv_a_layernorm`` with the next layer's index."""
+    return Sync(wf.mla_norms_shifted(weights, int(engine.hf_config.num_hidden_layers)))
+
+
+def _ep_gather_shifted(engine: Any, weights: Weights, _previous: Weights, _probe: list[list[int]]) -> Sync:
+    """A wrong EP gather: each actor EP rank's experts are named with the next rank's ids."""
+    return Sync(wf.experts_renamed_by_ep_block(weights, int(engine.hf_config.n_routed_experts)))
+
+
+def _stale_stage(_engine: Any, _weights: Weights, _previous: Weights, _probe: list[list[int]]) -> Sync:
+    """Planted in verl's PP broadcast during the export, not in the engine's sync: a harness that runs the actor at
+    PP >= 2 holds :class:`weight_faults.StalePipelineStage` around each export (tests/model/weight_check_child.py)."""
+    msg = (
+        "stale-stage is planted in verl's PP broadcast during the export (weight_faults.StalePipelineStage around "
+        "the actor's per_tensor_generator at PP >= 2), not in the rollout engine's sync"
+    )
+    raise RolloutFaultError(msg)
+
+
+def _kv_b_proj_halves(engine: Any, weights: Weights, _previous: Weights, _probe: list[list[int]]) -> Sync:
+    """vLLM's loader is handed one layer's ``kv_b_proj`` with the two halves of its output rows swapped."""
+    return _in_vllm(engine, weights, wf.kv_b_proj_halves(_moe_layer(engine)))
+
+
+def _tp_shards_swapped(engine: Any, weights: Weights, _previous: Weights, _probe: list[list[int]]) -> Sync:
+    """At rollout TP >= 2, vLLM's loader narrows one ``q_b_proj`` at the next rank's offset."""
+    return _in_vllm(engine, weights, wf.tp_shards_swapped(_vllm_model(engine), _moe_layer(engine)))
+
+
+def _expert_wrong_rank(engine: Any, weights: Weights, _previous: Weights, _probe: list[list[int]]) -> Sync:
+    """At EP >= 2, each EP rank loads the next rank's first expert into its own first slot."""
+    return _in_vllm(engine, weights, wf.expert_on_wrong_rank(_vllm_model(engine)))
+
+
+def _experts_transposed_again(engine: Any, weights: Weights, _previous: Weights, _probe: list[list[int]]) -> Sync:
+    """The post-processing of this sync (planted in one after the rollout's release / resume: the second or later)
+    transposes the experts' layout again."""
+    return _in_vllm(engine, weights, wf.experts_transposed_again)
 
 
 def _mla_not_recomputed(_engine: Any, weights: Weights, _previous: Weights, _probe: list[list[int]]) -> Sync:
@@ -256,19 +311,6 @@ def _gate_up_exchanged(model: torch.nn.Module) -> contextlib.AbstractContextMana
     return _expert_loaders_wrapped(model, "w13_weight", load)
 
 
-def _first_expert_handed_transposed(model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
-    """Expert 0's ``down_proj`` of each MoE layer handed to ``FusedMoE.weight_loader`` transposed (a loader that
-    transposes for a kernel layout it then does not use). vLLM's loader narrows and copies by shape, so a
-    non-square expert is refused there; DeepSeek-V3's experts are 7168 x 2048."""
-
-    def load(loader: Callable[..., Any], param: Any, weight: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        if kwargs.get("expert_id") == 0:
-            weight = weight.t()
-        return loader(param, weight, *args, **kwargs)
-
-    return _expert_loaders_wrapped(model, "w2_weight", load)
-
-
 @contextlib.contextmanager
 def _expert_map_shifted(model: torch.nn.Module) -> Iterator[None]:
     """While the weights load, each MoE layer's expert map is shifted by one: expert ``e``'s weights land in the
@@ -287,23 +329,8 @@ def _expert_map_shifted(model: torch.nn.Module) -> Iterator[None]:
             layer.expert_map = expert_map
 
 
-@contextlib.contextmanager
-def _expert_loaders_dropped(model: torch.nn.Module) -> Iterator[None]:
-    """Every MoE layer's ``w13_weight`` and ``w2_weight`` without a ``weight_loader`` while the weights load: what
-    vllm-ascend's ``process_weights_after_loading`` leaves when verl's ``patch_vllm_moe_model_weight_loader`` did
-    not run (verl moved it, or a new model class is not in its list)."""
-    params = [getattr(layer, name) for layer in _fused_moe_layers(model) for name in ("w13_weight", "w2_weight")]
-    saved = [(param, param.__dict__.pop("weight_loader", None)) for param in params]
-    try:
-        yield
-    finally:
-        for param, loader in saved:
-            if loader is not None:
-                param.weight_loader = loader
-
-
 def _in_loader(change: LoaderChange) -> Callable[[Any, Weights, Weights, list[list[int]]], Sync]:
-    return lambda _engine, weights, _previous, _probe: Sync(dict(weights), in_loader=change)
+    return lambda engine, weights, _previous, _probe: _in_vllm(engine, weights, change)
 
 
 @contextlib.contextmanager
@@ -332,20 +359,70 @@ def loader_change(engine: Any, planned: Sync) -> Iterator[None]:
 FAULTS: Mapping[str, RolloutFault] = {
     f.name: f
     for f in (
-        RolloutFault("not-synced", "weights not synced for a step (the engine keeps the previous step's)", _not_synced),
-        RolloutFault("stale-layers", "the last two layers left at the previous step's weights", _stale_layers),
-        RolloutFault("expert-swap", "a typical expert of the first MoE layer swapped with another", _expert_swap),
         RolloutFault(
-            "expert-transposed", "one expert's down_proj transposed in memory (same shape)", _expert_transposed
+            "not-synced",
+            "the sync never reaches vLLM's model (the engine keeps the previous step's weights)",
+            _not_synced,
+            where="loader",
         ),
-        RolloutFault("expert-negated", "one expert's down_proj with its sign flipped", _expert_negated),
+        RolloutFault(
+            "previous-sync-sent", "the export sends the previous sync's tensors", _previous_sent, where="export"
+        ),
+        RolloutFault(
+            "stale-layers", "vLLM's loader writes nothing into the last two layers", _stale_layers, where="loader"
+        ),
+        RolloutFault(
+            "expert-swap",
+            "vLLM's loader takes a typical expert of the first MoE layer for another and back",
+            _expert_swap,
+            where="loader",
+        ),
+        RolloutFault(
+            "expert-transposed",
+            "after the load one expert's down_proj lies transposed in memory (same shape)",
+            _expert_transposed,
+        ),
+        RolloutFault("expert-negated", "after the load one expert's down_proj has its sign flipped", _expert_negated),
         RolloutFault(
             "stale-bias",
-            "the routers' expert bias kept at its value before the fault, in this sync and every later one",
+            "the stream's expert bias kept at its value before the fault, in this sync and every later one",
             _stale_bias,
             persistent=True,
+            where="export",
         ),
-        RolloutFault("kv-b-proj-halves", "kv_b_proj of one layer with its output halves swapped", _kv_b_proj_halves),
+        RolloutFault("bias-missing", "the stream leaves the routers' expert bias out", _bias_missing, where="export"),
+        RolloutFault(
+            "converter-gate-up",
+            "the converter splits the dense and shared-expert fc1 up-first (gate_proj <-> up_proj)",
+            _converter_gate_up,
+            where="export",
+        ),
+        RolloutFault(
+            "converter-mla-norm",
+            "the converter names each layer's kv_a_layernorm with the next layer's index",
+            _converter_mla_norm,
+            where="export",
+        ),
+        RolloutFault(
+            "ep-gather-shifted",
+            "a wrong EP gather: each actor EP rank's experts named with the next rank's ids",
+            _ep_gather_shifted,
+            where="export",
+            needs="actor EP >= 2",
+        ),
+        RolloutFault(
+            "stale-stage",
+            "verl's PP broadcast replays what a rank received from the other stage in the sync before",
+            _stale_stage,
+            where="export",
+            needs="actor PP >= 2",
+        ),
+        RolloutFault(
+            "kv-b-proj-halves",
+            "vLLM's loader is handed kv_b_proj of one layer with its output halves swapped",
+            _kv_b_proj_halves,
+            where="loader",
+        ),
         RolloutFault(
             "mla-not-recomputed", "MLA's absorbed W_UK_T/W_UV not recomputed after the update", _mla_not_recomputed
         ),
@@ -353,38 +430,64 @@ FAULTS: Mapping[str, RolloutFault] = {
             "routing-ungrouped",
             "group-limited routing off in the engine",
             _routing_ungrouped,
+            where="config",
             engine_overrides=lambda config: {"topk_group": config["n_group"]},
         ),
         RolloutFault(
             "yarn-off",
             "yarn rope scaling off in the engine",
             _yarn_off,
+            where="config",
             engine_overrides=lambda _config: {"rope_scaling": None},
         ),
         RolloutFault(
             "sampler-unpatched",
             "vLLM's sampler without the overlay's patch: log-probs of the logits before temperature",
             _sampler_unpatched,
+            where="config",
         ),
         RolloutFault(
             "w13-swap",
             "vLLM's loader writes every expert's gate projection into the up half of w13 and up into the gate half",
             _in_loader(_gate_up_exchanged),
+            where="loader",
         ),
         RolloutFault(
             "wrong-ep-rank",
             "vLLM's loader places each expert through an expert map shifted by one (another slot, another EP rank)",
             _in_loader(_expert_map_shifted),
+            where="loader",
+        ),
+        RolloutFault(
+            "expert-wrong-rank",
+            "each EP rank's loader puts the next rank's first expert into its own first slot",
+            _expert_wrong_rank,
+            where="loader",
+            needs="EP >= 2",
+        ),
+        RolloutFault(
+            "tp-shards-swapped",
+            "vLLM's loader narrows one layer's q_b_proj at the next TP rank's offset",
+            _tp_shards_swapped,
+            where="loader",
+            needs="rollout TP >= 2",
         ),
         RolloutFault(
             "expert-transposed-load",
-            "vLLM's loader is handed expert 0's down_proj transposed in every MoE layer",
-            _in_loader(_first_expert_handed_transposed),
+            "vLLM's loader is handed expert 0's down_proj transposed and laid back into its shape, every MoE layer",
+            _in_loader(wf.expert_handed_transposed(0)),
+            where="loader",
         ),
         RolloutFault(
             "moe-loader-dropped",
-            "the experts' weight_loader missing in vLLM's model (verl's MoE loader patch not applied)",
-            _in_loader(_expert_loaders_dropped),
+            "the experts' weight_loader missing in vLLM's model and the update skipping their tensors",
+            _in_loader(wf.expert_loaders_skipped),
+            where="loader",
+        ),
+        RolloutFault(
+            "expert-transposed-resume",
+            "the experts' layout transposed again by the post-processing of a sync after a release / resume cycle",
+            _experts_transposed_again,
         ),
     )
 }
@@ -403,14 +506,24 @@ def sync(
     previous: Weights | None = None,
     fault: RolloutFault | None = None,
     probe: list[list[int]] | None = None,
-) -> None:
+) -> str | None:
     """Load one step's weights into the engine (``CPUStandInLLM``) as the overlay's ``update_weights`` does, with
     ``fault`` planted in this sync (``previous``: the weights of the sync before, for the stale faults; ``probe``:
-    prompts whose routing picks the expert of the per-expert faults)."""
+    prompts whose routing picks the expert of the per-expert faults), then run the weight-sync check as the worker
+    does after the sync. Returns the check's stop message (None: it passed, or its patch is not applied), so a
+    caller can go on and measure what the guard sees of the same fault."""
+    from r1_ascend.patches import WeightSyncError
+    from r1_ascend.patches.impl import weight_check
+
     planned = Sync(weights) if fault is None else fault.plant(engine, weights, previous or weights, probe or [])
     with loader_change(engine, planned):
         loaded = engine.load_weights(planned.weights.items(), recompute_mla=planned.recompute_mla)
+    try:
+        weight_check.verify(engine.runner.forward_context)
+    except WeightSyncError as stopped:
+        return str(stopped)
     engine.model.check_complete(loaded)
+    return None
 
 
 # --- planting a fault into the rehearsal's engine -----------------------------------------------------------------

@@ -116,9 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--rollout-fault",
-        choices=sorted(name for name, fault in ROLLOUT_FAULTS.items() if not fault.persistent),
-        help="plant a rollout fault in the engine's second weight sync of a 2-step run; the rollout guard must stop "
-        "the run in that step (docs/rollout_guard.md)",
+        # stale-stage is planted in the actor's export by a PP >= 2 harness, not in the engine's sync
+        choices=sorted(n for n, f in ROLLOUT_FAULTS.items() if not f.persistent and n != "stale-stage"),
+        help="plant a rollout fault in the engine's second weight sync of a 2-step run; the weight-sync check (a "
+        "weight or layout fault) or the rollout guard must stop the run there (docs/rollout_guard.md)",
     )
     parser.add_argument(
         "overrides",

@@ -103,8 +103,9 @@ def fault_scenario(name: str) -> Scenario:
 
 
 def rollout_fault_scenario(name: str) -> Scenario:
-    """``--rollout-fault NAME``: the rollout guard must stop the run in the step the fault is planted in (a fault of
-    the engine's configuration: the model-configuration check, when the engine is built)."""
+    """``--rollout-fault NAME``: the weight-sync check (a fault of the weights) or the rollout guard must stop the run
+    at the planted sync (a fault of the engine's configuration: the model-configuration check, when the engine is
+    built)."""
     engine = rollout_fault_run.is_engine_config_fault(name)
     return Scenario(
         name,

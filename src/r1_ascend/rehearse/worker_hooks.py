@@ -12,7 +12,8 @@ Then it records, per worker process, the rollout lifecycle calls the worker make
 bias (patch ``verl_moe_expert_load``'s listener), the rollout engine's expert bias after every weight sync and, after
 every generation, how often vLLM's ``Sampler.forward`` ran and which patch had replaced it, so the rehearsal can
 check that every expert is used, that the engine follows the actor's bias and that the overlay's sampler sampled
-(:mod:`r1_ascend.rehearse.expert_checks`). With ``R1_ASCEND_REHEARSE_ACTOR_FAULT`` set it plants that fault into
+(:mod:`r1_ascend.rehearse.expert_checks`), and each weight sync's verdict and cost from the weight-sync check
+(patch ``verl_weight_sync_check``'s listener). With ``R1_ASCEND_REHEARSE_ACTOR_FAULT`` set it plants that fault into
 the actor's and the reference's model once their weights are loaded; with ``R1_ASCEND_REHEARSE_ROLLOUT_FAULT`` the
 rollout engine plants that one (:mod:`r1_ascend.rehearse.rollout_faults`); with
 ``R1_ASCEND_REHEARSE_SHUFFLE_REWARDS=1`` the trainer permutes each training batch's rewards (the control); with
@@ -195,6 +196,30 @@ def _record_expert_load() -> None:
         verl_moe_expert_load.LOAD_LISTENERS.append(_record_load)
 
 
+def _record_weight_checks() -> None:
+    """Each weight sync's verdict and cost (patch verl_weight_sync_check's listener)."""
+    from r1_ascend.patches.impl import weight_check
+
+    if _record_weight_check not in weight_check.CHECK_LISTENERS:
+        weight_check.CHECK_LISTENERS.append(_record_weight_check)
+
+
+def _record_weight_check(report: Any) -> None:
+    _record(
+        "weight_checked",
+        sync=report.sync,
+        rank=report.rank,
+        slots=report.slots,
+        shares=report.shares,
+        mismatches=len(report.mismatches),
+        first=report.mismatches[0].message() if report.mismatches else None,
+        predict_s=report.predict_s,
+        receive_s=report.receive_s,
+        verify_s=report.verify_s,
+        sync_s=report.sync_s,
+    )
+
+
 def _record_load(load: Any) -> None:
     import torch.distributed as dist
 
@@ -298,6 +323,7 @@ def install() -> None:
     _record_checkpoint_loads()
     _record_stages()
     _record_expert_load()
+    _record_weight_checks()
     _plant_actor_fault()
     _shuffle_rewards()
     _record("stand-ins installed")

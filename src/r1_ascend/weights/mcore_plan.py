@@ -4,7 +4,9 @@ Keys, global shapes and dtypes follow the sharded state dict of megatron-core 0.
 Transformer-Engine decoder-block spec that verl 0.6.1 builds for DeepSeek-V3 (MLA with ``qk_layernorm``,
 grouped-GEMM MoE, SwiGLU, list-valued ``moe_layer_freq`` so layer keys carry the *global* layer number). A
 dist checkpoint stores global tensors, so the TP/PP/EP given here only decides how the data is chunked and which
-virtual rank file holds each chunk; verl can load the result at any other layout.
+virtual rank file holds each chunk; verl can load the result at any other layout. Which HF tensors make which
+Megatron tensor is the project's one mapping, ``r1_ascend.patches.rules.mcore_mapping`` (the weight-sync check
+predicts verl's export with it too); this module only chunks it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import torch
 
 from r1_ascend.parallel import Layout, LayoutError
+from r1_ascend.patches.rules.mcore_mapping import MappedTensor, mapped_tensors
 from r1_ascend.weights.errors import WeightsError
 
 #: Largest chunk written for a replicated or row-split tensor (bounds the writer's memory; see _row_pieces).
@@ -204,83 +207,81 @@ class _Builder:
             t.pieces.append(Piece((ffn + r0, 0), (r1 - r0, hidden), up, (r0, r1), None, rank))
         self.consumed.update((gate, up))
 
+    def experts(self, t: MappedTensor, stage: int) -> None:
+        """Grouped experts: expert ``e`` on EP rank ``e // (E / ep)``, its rows (fc1: gate then up) or columns (fc2)
+        split over TP."""
+        layout = self.layout
+        per_ep, mf = t.shape[0] // layout.ep, self.cfg["moe_intermediate_size"]
+        dist = self._add(t.key, t.shape, _DTYPES[t.dtype], t.layer, t.kind, t.sources)
+        by_expert: dict[int, list] = {}
+        for source in t.hf_boxes():
+            by_expert.setdefault(source.offset[0], []).append(source)
+        for e, sources in by_expert.items():
+            for tp, r0, r1 in _split(mf, layout.tp, t.key):
+                rank = layout.rank(stage, e // per_ep, tp)
+                for source in sources:
+                    if t.kind == "experts_fc1":
+                        offsets, sizes = (e, source.offset[1] + r0, 0), (1, r1 - r0, t.shape[2])
+                        dist.pieces.append(Piece(offsets, sizes, source.name, (r0, r1), None, rank))
+                    else:
+                        offsets, sizes = (e, 0, r0), (1, t.shape[1], r1 - r0)
+                        dist.pieces.append(Piece(offsets, sizes, source.name, (0, t.shape[1]), (r0, r1), rank))
+            self.consumed.update(source.name for source in sources)
+
     def extra(self, key: str, stage: int, layer: int | None, offset=(0,), shape=(1,), ep_rank: int = 0):
         if self.extra_state:
             self.extras.append(ExtraState(key, offset, shape, self.layout.rank(stage, ep_rank, 0), layer))
 
 
 def build_plan(cfg: dict[str, Any], layout: Layout, *, extra_state: bool = True) -> MegatronPlan:
-    """The full plan for a DeepSeek-V3-shaped HF config (MTP layers are not part of the Megatron model)."""
-    h, v, n_layers = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
-    nh, ql, kvl = cfg["num_attention_heads"], cfg.get("q_lora_rank"), cfg["kv_lora_rank"]
-    qn, qr, vd = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
-    e_total, mf, shared = cfg["n_routed_experts"], cfg["moe_intermediate_size"], cfg["n_shared_experts"]
+    """The full plan for a DeepSeek-V3-shaped HF config (MTP layers are not part of the Megatron model): each
+    tensor of the project's HF <-> Megatron mapping (``r1_ascend.patches.rules.mcore_mapping``) chunked by
+    ``layout``."""
     check_layout(layout, cfg)
     if cfg.get("tie_word_embeddings"):
         msg = "tied embeddings are not DeepSeek-V3; this converter maps embed_tokens and lm_head separately"
         raise WeightsError(msg)
-    if e_total % layout.ep:
-        msg = f"n_routed_experts={e_total} is not divisible by ep={layout.ep}"
+    if cfg["n_routed_experts"] % layout.ep:
+        msg = f"n_routed_experts={cfg['n_routed_experts']} is not divisible by ep={layout.ep}"
         raise WeightsError(msg)
-    stages = layout.stage_layers(n_layers)
+    stages = layout.stage_layers(cfg["num_hidden_layers"])
     stage_of = [s for s, count in enumerate(stages) for _ in range(count)]
-    b = _Builder(cfg, layout, extra_state)
-    b.split_rows("embedding.word_embeddings.weight", "model.embed_tokens.weight", (v, h), 0, 0, None)
-    per_ep = e_total // layout.ep
-    for layer in range(n_layers):
-        s = stage_of[layer]
-        hf, mc = f"model.layers.{layer}.", f"decoder.layers.{layer}."
-        att, sa = hf + "self_attn.", mc + "self_attention."
-        b.replicated(mc + "input_layernorm.weight", hf + "input_layernorm.weight", (h,), s, layer)
-        if ql:
-            b.split_rows(sa + "linear_q_down_proj.weight", att + "q_a_proj.weight", (ql, h), s, 0, layer)
-            b.replicated(sa + "linear_q_up_proj.layer_norm_weight", att + "q_a_layernorm.weight", (ql,), s, layer)
-            b.split_rows(sa + "linear_q_up_proj.weight", att + "q_b_proj.weight", (nh * (qn + qr), ql), s, 0, layer)
-            q_modules = ("linear_q_down_proj", "linear_q_up_proj")
-        else:
-            b.split_rows(sa + "linear_q_proj.weight", att + "q_proj.weight", (nh * (qn + qr), h), s, 0, layer)
-            q_modules = ("linear_q_proj",)
-        b.split_rows(sa + "linear_kv_down_proj.weight", att + "kv_a_proj_with_mqa.weight", (kvl + qr, h), s, 0, layer)
-        b.replicated(sa + "linear_kv_up_proj.layer_norm_weight", att + "kv_a_layernorm.weight", (kvl,), s, layer)
-        b.split_rows(sa + "linear_kv_up_proj.weight", att + "kv_b_proj.weight", (nh * (qn + vd), kvl), s, 0, layer)
-        b.split_cols(sa + "linear_proj.weight", att + "o_proj.weight", (h, nh * vd), s, layer)
-        for module in (*q_modules, "linear_kv_down_proj", "linear_kv_up_proj", "core_attention", "linear_proj"):
-            b.extra(f"{sa}{module}._extra_state", s, layer)
-        mlp, mm = hf + "mlp.", mc + "mlp."
-        post_norm = hf + "post_attention_layernorm.weight"
-        if layer < cfg["first_k_dense_replace"]:
-            f = cfg["intermediate_size"]
-            b.replicated(mm + "linear_fc1.layer_norm_weight", post_norm, (h,), s, layer)
-            b.swiglu(mm + "linear_fc1.weight", mlp + "gate_proj.weight", mlp + "up_proj.weight", f, h, s, layer)
-            b.split_cols(mm + "linear_fc2.weight", mlp + "down_proj.weight", (h, f), s, layer)
-            b.extra(mm + "linear_fc1._extra_state", s, layer)
-            b.extra(mm + "linear_fc2._extra_state", s, layer)
-            continue
-        b.replicated(mc + "pre_mlp_layernorm.weight", post_norm, (h,), s, layer)
-        b.replicated(mm + "router.weight", mlp + "gate.weight", (e_total, h), s, layer)
-        b.replicated(
-            mm + "router.expert_bias", mlp + "gate.e_score_correction_bias", (e_total,), s, layer, dtype=torch.float32
-        )
-        se, sm = mlp + "shared_experts.", mm + "shared_experts."
-        b.swiglu(sm + "linear_fc1.weight", se + "gate_proj.weight", se + "up_proj.weight", mf * shared, h, s, layer)
-        b.split_cols(sm + "linear_fc2.weight", se + "down_proj.weight", (h, mf * shared), s, layer)
-        b.extra(sm + "linear_fc1._extra_state", s, layer)
-        b.extra(sm + "linear_fc2._extra_state", s, layer)
-        ex = mm + "experts.experts."
-        fc1 = b._add(ex + "linear_fc1.weight", (e_total, 2 * mf, h), torch.bfloat16, layer, "experts_fc1", (mlp,))
-        fc2 = b._add(ex + "linear_fc2.weight", (e_total, h, mf), torch.bfloat16, layer, "experts_fc2", (mlp,))
-        for e in range(e_total):
-            ep_rank = e // per_ep
-            gate, up, down = (f"{mlp}experts.{e}.{p}_proj.weight" for p in ("gate", "up", "down"))
-            for tp, r0, r1 in _split(mf, layout.tp, fc1.key):
-                rank = layout.rank(s, ep_rank, tp)
-                fc1.pieces.append(Piece((e, r0, 0), (1, r1 - r0, h), gate, (r0, r1), None, rank))
-                fc1.pieces.append(Piece((e, mf + r0, 0), (1, r1 - r0, h), up, (r0, r1), None, rank))
-                fc2.pieces.append(Piece((e, 0, r0), (1, h, r1 - r0), down, (0, h), (r0, r1), rank))
-            b.consumed.update((gate, up, down))
-            b.extra(ex + "linear_fc1._extra_state", s, layer, (e,), (e_total,), ep_rank)
-            b.extra(ex + "linear_fc2._extra_state", s, layer, (e,), (e_total,), ep_rank)
     last = layout.pp - 1
-    b.replicated("decoder.final_layernorm.weight", "model.norm.weight", (h,), last, None)
-    b.split_rows("output_layer.weight", "lm_head.weight", (v, h), last, 0, None)
+    b = _Builder(cfg, layout, extra_state)
+    for t in mapped_tensors(cfg):
+        s = stage_of[t.layer] if t.layer is not None else (0 if t.key.startswith("embedding.") else last)
+        dtype = _DTYPES[t.dtype]
+        if t.kind == "replicated":
+            b.replicated(t.key, t.sources[0], t.shape, s, t.layer, dtype)
+        elif t.kind == "rows":
+            b.split_rows(t.key, t.sources[0], t.shape, s, 0, t.layer)
+        elif t.kind == "cols":
+            b.split_cols(t.key, t.sources[0], t.shape, s, t.layer)
+        elif t.kind == "swiglu":
+            b.swiglu(t.key, t.sources[0], t.sources[1], t.shape[0] // 2, t.shape[1], s, t.layer)
+        else:
+            b.experts(t, s)
+    for layer in range(cfg["num_hidden_layers"]):
+        _layer_extras(b, cfg, layer, stage_of[layer])
     return MegatronPlan(b.tensors, b.extras, layout, b.consumed)
+
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def _layer_extras(b: _Builder, cfg: dict[str, Any], layer: int, s: int) -> None:
+    """The Transformer-Engine ``_extra_state`` objects of one decoder layer, in the order its modules hold them."""
+    sa, mm = f"decoder.layers.{layer}.self_attention.", f"decoder.layers.{layer}.mlp."
+    q_modules = ("linear_q_down_proj", "linear_q_up_proj") if cfg.get("q_lora_rank") else ("linear_q_proj",)
+    for module in (*q_modules, "linear_kv_down_proj", "linear_kv_up_proj", "core_attention", "linear_proj"):
+        b.extra(f"{sa}{module}._extra_state", s, layer)
+    if layer < cfg["first_k_dense_replace"]:
+        b.extra(mm + "linear_fc1._extra_state", s, layer)
+        b.extra(mm + "linear_fc2._extra_state", s, layer)
+        return
+    b.extra(mm + "shared_experts.linear_fc1._extra_state", s, layer)
+    b.extra(mm + "shared_experts.linear_fc2._extra_state", s, layer)
+    experts, per_ep = cfg["n_routed_experts"], cfg["n_routed_experts"] // b.layout.ep
+    for e in range(experts):
+        for fc in ("linear_fc1", "linear_fc2"):
+            b.extra(f"{mm}experts.experts.{fc}._extra_state", s, layer, (e,), (experts,), e // per_ep)

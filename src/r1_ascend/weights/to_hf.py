@@ -24,12 +24,13 @@ import torch
 from r1_ascend.atomic import atomic_open, atomic_write_json, remove_stale_temps
 from r1_ascend.parallel import Layout
 from r1_ascend.patches.rules.checkpoints import dist_ckpt_problems
+from r1_ascend.patches.rules.mcore_mapping import hf_sources
 from r1_ascend.weights.ckpt_root import CheckpointRoot, find_root
 from r1_ascend.weights.dcp_regions import read_regions
 from r1_ascend.weights.dequant import ShardPlan, check_output_inventory, shard_is_complete
 from r1_ascend.weights.errors import CheckpointFormatError
 from r1_ascend.weights.inventory import checkpoint_specs, expected_tensors
-from r1_ascend.weights.mcore_plan import DistTensor, build_plan
+from r1_ascend.weights.mcore_plan import build_plan
 from r1_ascend.weights.outdir import copy_side_files, fingerprint, prepare_output
 from r1_ascend.weights.progress import Progress
 from r1_ascend.weights.safetensors_io import PT_METADATA, StreamingWriter, ordered_layout
@@ -41,6 +42,7 @@ log = logging.getLogger(__name__)
 MANIFEST = ".r1-ascend-to-hf.json"
 DEFAULT_SHARD_BYTES = 2_000_000_000
 _NEVER_COPIED = {INDEX_NAME}
+_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 def locate(path: Path, hf_dir: Path | None = None) -> CheckpointRoot:
@@ -60,24 +62,6 @@ def locate(path: Path, hf_dir: Path | None = None) -> CheckpointRoot:
     if hf_dir is not None:
         found = replace(found, hf_dir=Path(hf_dir).expanduser().resolve())
     return found
-
-
-def _hf_sources(cfg: dict[str, Any]) -> dict[str, tuple[DistTensor, Any]]:
-    """HF name -> (dist tensor, which part of it): ``None`` whole, 0/1 swiglu half, ("fc1", e, half) / ("fc2", e)."""
-    out: dict[str, tuple[DistTensor, Any]] = {}
-    for t in build_plan(cfg, Layout(), extra_state=False).tensors:
-        if t.kind == "swiglu":
-            out[t.sources[0]], out[t.sources[1]] = (t, 0), (t, 1)
-        elif t.kind in ("experts_fc1", "experts_fc2"):
-            for e in range(t.global_shape[0]):
-                p = f"{t.sources[0]}experts.{e}."
-                if t.kind == "experts_fc1":
-                    out[p + "gate_proj.weight"], out[p + "up_proj.weight"] = (t, ("fc1", e, 0)), (t, ("fc1", e, 1))
-                else:
-                    out[p + "down_proj.weight"] = (t, ("fc2", e))
-        else:
-            out[t.sources[0]] = (t, None)
-    return out
 
 
 def plan_output(cfg: dict[str, Any], max_shard_bytes: int) -> list[ShardPlan]:
@@ -103,26 +87,20 @@ def plan_output(cfg: dict[str, Any], max_shard_bytes: int) -> list[ShardPlan]:
 
 def _load_shard(dist_ckpt: Path, cfg: dict[str, Any], names: list[str]) -> dict[str, torch.Tensor]:
     """The HF tensors ``names``, each read as its region of the dist tensor that holds it."""
-    sources = _hf_sources(cfg)
+    sources = hf_sources(cfg)
     inventory = expected_tensors(cfg, fp8=False, mtp=False)
     out: dict[str, torch.Tensor] = {}
     regions: dict[tuple[str, tuple[int, ...]], torch.Tensor] = {}
     for name in names:
-        t, part = sources[name]
+        source = sources[name]
         dtype, shape = inventory[name]
-        dest = torch.empty(shape, dtype=t.dtype)
-        if dtype != {torch.bfloat16: "BF16", torch.float32: "F32"}[t.dtype]:
-            msg = f"internal error: {name} is {dtype} in the inventory but {t.dtype} in the Megatron plan"
+        dest = torch.empty(shape, dtype=_DTYPES[source.tensor.dtype])
+        if dtype != {"bfloat16": "BF16", "float32": "F32"}[source.tensor.dtype]:
+            msg = f"internal error: {name} is {dtype} in the inventory but {source.tensor.dtype} in the Megatron plan"
             raise RuntimeError(msg)
         out[name] = dest
-        if part is None:  # the whole dist tensor (TP/PP/EP chunks are resolved by the reader)
-            regions[(t.key, (0,) * len(shape))] = dest
-        elif isinstance(part, int):  # dense fc1 = [gate; up]
-            regions[(t.key, (part * shape[0], 0))] = dest
-        elif part[0] == "fc1":  # grouped experts fc1 [E, 2F, H]: expert e, gate or up half
-            regions[(t.key, (part[1], part[2] * shape[0], 0))] = dest.unsqueeze(0)
-        else:  # grouped experts fc2 [E, H, F]
-            regions[(t.key, (part[1], 0, 0))] = dest.unsqueeze(0)
+        # the HF tensor's box of the dist tensor (TP/PP/EP chunks are resolved by the reader)
+        regions[(source.tensor.key, source.offset)] = dest.view(source.box_shape)
     read_regions(dist_ckpt, regions)
     return out
 
