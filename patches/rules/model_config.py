@@ -84,7 +84,7 @@ def _equal(a: Any, b: Any) -> bool:
     if isinstance(a, Mapping) and isinstance(b, Mapping):
         return set(a) == set(b) and all(_equal(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
+        return len(a) == len(b) and all(map(_equal, a, b))
     return (type(a) is type(b) and a == b) or (_numbers(a, b) and float(a) == float(b))
 
 

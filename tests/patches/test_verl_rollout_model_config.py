@@ -69,14 +69,43 @@ def test_rope_scalings_legacy_type_is_its_rope_type() -> None:
                                                                                   {"factor": 40.5})]),
         ({"scoring_func": "sigmoid"}, {}, [("scoring_func", "sigmoid", rule.ABSENT)]),
         ({"a": 1, "b": 2}, {"b": 3, "a": 0}, [("a", 1, 0), ("b", 2, 3)]),
+        ({}, {"x": None}, [("x", rule.ABSENT, None)]),  # a field set to None is not a field left out
+        ({"f": [1, 2.0]}, {"f": (1.0, 2)}, []),  # lists compare element by element, numbers by value
+        ({"f": [1, 2]}, {"f": [1, 3]}, [("f", [1, 2], [1, 3])]),
+        ({"f": [1, 2]}, {"f": [1, 2, 3]}, [("f", [1, 2], [1, 2, 3])]),
+        ({"f": [1]}, {"f": 1}, [("f", [1], 1)]),
     ],
-    ids=["equal", "int-float", "value", "bool-int", "none", "nested", "absent", "sorted"],
+    ids=[
+        "equal",
+        "int-float",
+        "value",
+        "bool-int",
+        "none",
+        "nested",
+        "absent",
+        "sorted",
+        "absent-vs-none",
+        "list-equal",
+        "list-value",
+        "list-length",
+        "list-vs-scalar",
+    ],
 )  # fmt: skip
 def test_differences_name_each_field_and_both_values(actor: dict, engine: dict, found: list[tuple]) -> None:
     assert [(d.field, d.actor, d.engine) for d in rule.differences(actor, engine)] == found
 
 
 def test_the_message_names_the_field_both_values_and_the_fix() -> None:
+    found = [rule.Difference("topk_group", 1, 2), rule.Difference("rope_scaling", {"factor": 40}, None)]
+    assert rule.mismatch_message(found, engine="E", actor="A") == (
+        "the rollout engine's model configuration (E) differs from the actor's (A) in 2 field(s) that change what the "
+        "model computes: topk_group: actor 1, rollout engine 2; rope_scaling: actor {'factor': 40}, rollout engine "
+        "None. The two would sample and score with different models, and the log-prob guard would see only a gap "
+        "(none at all where the field does not act, e.g. yarn at short positions). Make both read the same config: "
+        "remove the field from actor_rollout_ref.rollout.engine_kwargs.vllm.hf_overrides, or set it the same way for "
+        "the actor under actor_rollout_ref.model.override_config.model_config (docs/rollout_guard.md, 'The engine's "
+        "model configuration')."
+    )
     message = rule.mismatch_message([rule.Difference("topk_group", 1, 2)], engine="E", actor="A")
     assert message.startswith("the rollout engine's model configuration (E) differs from the actor's (A) in 1 field")
     assert "topk_group: actor 1, rollout engine 2" in message
