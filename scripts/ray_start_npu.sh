@@ -129,17 +129,22 @@ stop_recorded() {
 }
 
 # The run's driver, if this node's head started one that still runs: SIGTERM, then SIGKILL after 30 s.
+# The record goes once the driver is gone (a record of a driver that already ended is only removed).
 stop_driver() {
     local pid
-    pid="$(recorded_alive "${driver_file}")" || return 0
-    log "stopping the run's driver (pid ${pid}; its log: $(cat "${driver_file%.pid}.log" 2>/dev/null || echo unknown))"
-    kill -TERM "${pid}" 2>/dev/null || true
-    for _ in $(seq 1 150); do
-        recorded_alive "${driver_file}" >/dev/null || return 0
-        sleep 0.2
-    done
-    log "the driver still runs after 30 s, killing it"
-    kill -KILL "${pid}" 2>/dev/null || true
+    if pid="$(recorded_alive "${driver_file}")"; then
+        log "stopping the run's driver (pid ${pid}; its log: $(cat "${driver_file%.pid}.log" 2>/dev/null || echo unknown))"
+        kill -TERM "${pid}" 2>/dev/null || true
+        for _ in $(seq 1 150); do
+            recorded_alive "${driver_file}" >/dev/null || break
+            sleep 0.2
+        done
+        if recorded_alive "${driver_file}" >/dev/null; then
+            log "the driver still runs after 30 s, killing it"
+            kill -KILL "${pid}" 2>/dev/null || true
+        fi
+    fi
+    rm -f "${driver_file}" "${driver_file%.pid}.log"
 }
 
 if [[ "${action}" == "stop" ]]; then

@@ -204,9 +204,11 @@ class Difference:
 
     @property
     def within_bound(self) -> bool:
-        """Both fp32 sums within their rounding bound (a NaN never is)."""
-        return abs(self.found[0] - self.expected[0]) <= self.bound_proj and (
-            abs(self.found[1] - self.expected[1]) <= self.bound_total
+        """Both fp32 sums within their rounding bound. A sum that is not finite (the region holds an inf or a NaN,
+        e.g. a router bias of -inf that masks an expert) carries no rounding information: it must be the same
+        non-finite value on both sides, and the exact checksum then decides (it reads the values' bits)."""
+        return _sum_agrees(self.found[0], self.expected[0], self.bound_proj) and _sum_agrees(
+            self.found[1], self.expected[1], self.bound_total
         )
 
     @property
@@ -220,6 +222,12 @@ class Difference:
             f"{self.expected[2]}; found proj {self.found[0]:.9g} (differs by {off:.3g}, bound {self.bound_proj:.3g}), "
             f"total {self.found[1]:.9g} (bound {self.bound_total:.3g}), checksum {self.found[2]}"
         )
+
+
+def _sum_agrees(found: float, expected: float, bound: float) -> bool:
+    if math.isfinite(found) and math.isfinite(expected):
+        return abs(found - expected) <= bound
+    return found == expected or (math.isnan(found) and math.isnan(expected))
 
 
 def compare(

@@ -81,6 +81,7 @@ def cluster_env(tmp_path, free_port):
         "RAY_PORT": str(free_port()),
         "RAY_NUM_CPUS": "1",
         "R1_ASCEND_RUN_DIR": str(tmp_path / "run"),
+        "OUTPUT_DIR": str(tmp_path / "outputs"),  # both "nodes" are this host: they see one directory
         "R1_ASCEND_PREFLIGHT_CMD": "",
         "R1_ASCEND_LAUNCH_CMD": f"bash {launch}",
         "RAY_REPORT_EVERY": "2",

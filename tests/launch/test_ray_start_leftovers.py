@@ -64,9 +64,13 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _wait(predicate, what: str, timeout: float) -> None:
+def _wait(predicate, what: str, timeout: float, process: subprocess.Popen | None = None) -> None:
+    """Wait for ``predicate``; fail at once, with its output, when ``process`` (the script under test) ends first."""
     deadline = time.monotonic() + timeout
     while not predicate():
+        if process is not None and process.poll() is not None:
+            output = process.stdout.read().decode(errors="replace") if process.stdout else ""
+            raise AssertionError(f"{what}: the script ended first (exit code {process.returncode}):\n{output}")
         assert time.monotonic() < deadline, f"{what}: not within {timeout:g} s"
         time.sleep(0.5)
 
@@ -94,6 +98,7 @@ def test_bringing_a_lost_node_back_stops_what_its_ray_left_running(
         "RAY_NUM_CPUS": "1",
         "RAY_TEMP_DIR": temp_dir,
         "R1_ASCEND_RUN_DIR": str(run_dir),
+        "OUTPUT_DIR": str(tmp_path / "outputs"),
         "R1_ASCEND_PREFLIGHT_CMD": "",
         "R1_ASCEND_LAUNCH_CMD": f"bash {launch}",
         "RAY_USAGE_STATS_ENABLED": "0",
@@ -104,7 +109,7 @@ def test_bringing_a_lost_node_back_stops_what_its_ray_left_running(
     head = subprocess.Popen([*netns, "bash", str(SCRIPT)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     helper = 0
     try:
-        _wait(lambda: marker.is_file() and marker.read_text().strip(), "the job's actor forked its helper", 240)
+        _wait(lambda: marker.is_file() and marker.read_text().strip(), "the job's actor forked its helper", 240, head)
         worker, helper = map(int, marker.read_text().split())
         raylet = next(p for p in psutil.Process(int(pid_file.read_text())).children() if p.name() == "raylet")
         raylet.send_signal(signal.SIGKILL)  # the node's Ray is lost, its worker killed with it (no exit of its own:

@@ -73,7 +73,7 @@ def test_a_dead_expert_caught_by_the_verdict_that_names_it_passes(tmp_path: Path
 
 
 def test_a_stale_bias_is_caught_with_its_drift_per_step(tmp_path: Path) -> None:
-    outcome = moe.judge_moe_fault("stale-bias", 0, "", records(stale=True), tmp_path / "run1.log")
+    outcome = moe.judge_moe_fault("stale-bias", 0, "", records(stale=True), tmp_path / "run1.log", weight_check=False)
     assert outcome["caught_by"] == "expert verdicts"
     assert "differs from the actor's" in outcome["message"]
     assert [d["after_update_of_step"] for d in outcome["bias_drift_per_step"]] == [1, 2]
@@ -82,14 +82,51 @@ def test_a_stale_bias_is_caught_with_its_drift_per_step(tmp_path: Path) -> None:
 
 def test_a_stale_bias_stopped_by_the_guard_passes(tmp_path: Path) -> None:
     line = "rollout guard: at training step 3 the rollout disagrees: beyond the stop level: rollout_guard/x = 1; over"
-    outcome = moe.judge_moe_fault("stale-bias", 1, line, records(stale=True), tmp_path / "run1.log")
+    outcome = moe.judge_moe_fault("stale-bias", 1, line, records(stale=True), tmp_path / "run1.log", weight_check=False)
     assert (outcome["caught_by"], outcome["step"]) == ("rollout guard", 3)
+
+
+def _check_stop(sync: int, tensor: str) -> str:
+    """The weight-sync check's error line (patch verl_weight_sync_check) for one tensor of one sync."""
+    return (
+        f"r1_ascend.patches._errors.WeightSyncError: weight sync {sync} is wrong on 2 of 2 ranks (6 mismatches); "
+        f"nothing was generated from it. First: rank 0, sync {sync}: {tensor} -> share 0 (cols 0:16): the rollout "
+        "received other values than the actor's own shards predict: fingerprint expected proj 0.1\nnext line"
+    )
+
+
+def test_a_stale_bias_stopped_by_the_weight_check_at_its_sync_passes(tmp_path: Path) -> None:
+    bias = f"model.layers.{LAYER}.mlp.gate.e_score_correction_bias"
+    outcome = moe.judge_moe_fault("stale-bias", 1, _check_stop(moe.STALE_FROM_SYNC, bias), [], tmp_path / "r.log")
+    assert (outcome["caught_by"], outcome["sync"], outcome["named"]) == (
+        "weight-sync check",
+        moe.STALE_FROM_SYNC,
+        bias,
+    )
+    assert outcome["message"].endswith("expected proj 0.1"), "one line of the error"
+
+
+@pytest.mark.parametrize(
+    ("code", "sync", "tensor", "match"),
+    [
+        (1, moe.STALE_FROM_SYNC + 1, "model.layers.2.mlp.gate.e_score_correction_bias", "stopped weight sync 3"),
+        (1, moe.STALE_FROM_SYNC, "model.layers.2.mlp.gate.weight", "naming model.layers.2.mlp.gate.weight"),
+        (0, moe.STALE_FROM_SYNC, "model.layers.2.mlp.gate.e_score_correction_bias", "did not stop"),
+    ],
+)
+def test_with_the_weight_check_on_a_stale_bias_must_be_its_stop_at_the_planted_sync(
+    tmp_path: Path, code: int, sync: int, tensor: str, match: str
+) -> None:
+    with pytest.raises(FaultError, match=match):
+        moe.judge_moe_fault("stale-bias", code, _check_stop(sync, tensor), records(stale=True), tmp_path / "r.log")
+    with pytest.raises(FaultError, match="did not stop"):
+        moe.judge_moe_fault("stale-bias", 0, "", records(stale=True), tmp_path / "r.log")
 
 
 @pytest.mark.parametrize("name", ["dead-expert", "stale-bias"])
 def test_a_fault_that_passes_every_verdict_fails_the_rehearsal(tmp_path: Path, name: str) -> None:
     with pytest.raises(FaultError, match="passed every expert verdict"):
-        moe.judge_moe_fault(name, 0, "", records(), tmp_path / "run1.log")
+        moe.judge_moe_fault(name, 0, "", records(), tmp_path / "run1.log", weight_check=False)
 
 
 def test_a_crash_is_not_a_catch(tmp_path: Path) -> None:
@@ -123,7 +160,20 @@ def test_a_dead_expert_fails_the_rehearsal_naming_layer_and_expert(tmp_path: Pat
 
 
 @pytest.mark.slow
-def test_a_stale_bias_in_the_engine_fails_the_rehearsal(tmp_path: Path, weights: Path, rehearse) -> None:
+def test_a_stale_bias_is_stopped_by_the_weight_check_at_its_sync(tmp_path: Path, weights: Path, rehearse) -> None:
+    done, summary = _rehearse(rehearse, tmp_path, weights, "stale-bias")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    fault = summary["fault"]
+    assert (fault["caught_by"], fault["sync"]) == ("weight-sync check", moe.STALE_FROM_SYNC)
+    assert fault["named"].endswith("mlp.gate.e_score_correction_bias")
+
+
+@pytest.mark.slow
+def test_with_the_weight_check_off_a_stale_bias_fails_the_rehearsals_own_checks(
+    tmp_path: Path, weights: Path, rehearse, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rehearsal's bias check and the guard, behind the weight check: what catches a stale bias without it."""
+    monkeypatch.setenv("R1_ASCEND_DISABLE", "verl_weight_sync_check")
     done, summary = _rehearse(rehearse, tmp_path, weights, "stale-bias")
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     fault = summary["fault"]

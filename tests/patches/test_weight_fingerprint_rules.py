@@ -150,6 +150,34 @@ def test_the_checksum_sees_every_single_changed_bit_and_no_reordering() -> None:
     assert _print(transposed, NAME, _whole(transposed), shape)[1] != check
 
 
+@pytest.mark.parametrize("special", [-math.inf, math.inf, math.nan])
+def test_a_region_holding_a_non_finite_value_is_decided_by_the_checksum(special: float) -> None:
+    """A router bias of -inf (an expert masked on purpose) or a NaN synced exactly matches, in any split; a change of
+    any other element, or the special value moved or replaced, does not."""
+    name = "model.layers.2.mlp.gate.e_score_correction_bias"
+    bias = torch.linspace(-1, 1, 16, dtype=torch.float32)
+    bias[0] = special
+    shape = (16,)
+    whole, check = _print(bias, name, Region(None, (0, 16)), shape)
+    summed, summed_check = _combined(
+        [_print(bias[lo:hi], name, Region(None, (lo, hi)), shape) for lo, hi in ((0, 7), (7, 16))]
+    )
+    assert fp.compare(
+        (*whole[:2].tolist(), check), (*summed[:2].tolist(), summed_check), float(whole[2]), shape
+    ).matches
+    changed = [bias.clone() for _ in range(3)]
+    changed[0][5] += 0.25
+    changed[1][[0, 3]] = bias[[3, 0]]
+    changed[2][0] = 0.0 if not math.isnan(special) else math.inf
+    for other in changed:
+        found, found_check = _print(other, name, Region(None, (0, 16)), shape)
+        diff = fp.compare((*whole[:2].tolist(), check), (*found[:2].tolist(), found_check), float(whole[2]), shape)
+        assert not diff.matches, diff.describe()
+    assert not fp.compare((-math.inf, 1.0, 7), (math.nan, 1.0, 7), math.inf, shape).matches
+    assert not fp.compare((math.inf, 1.0, 7), (-math.inf, 1.0, 7), math.inf, shape).matches
+    assert not fp.compare((1.0, 1.0, 7), (math.inf, 1.0, 7), 10.0, shape).matches
+
+
 def test_a_one_dimensional_tensor_and_a_cast() -> None:
     """A 1-D tensor (a norm, the router's bias) has column weights only; a float32 tensor has two words per value;
     a cast to bf16 fingerprints the rounded values (what vLLM holds)."""

@@ -8,11 +8,13 @@ and requires the verdict to fail with the fault named:
 - ``dead-expert``: the actor's and reference's router bias of one expert (:data:`DEAD_EXPERT`) is -inf once their
   weights are loaded (the bias reaches the rollout through the weight sync), so no token is ever routed to it. It
   must fail "every expert routed", naming that layer and expert;
-- ``stale-bias``: from the second weight sync on, the rollout engine keeps the expert bias of the first sync
-  (r1_ascend.rehearse.rollout_faults): the actor's bias moves every step, the engine's does not. Either the rollout
+- ``stale-bias``: from the second weight sync on, the rollout engine is sent the expert bias of the first sync
+  (r1_ascend.rehearse.rollout_faults): the actor's bias moves every step, the engine's does not. With the weight-sync
+  check on (the default), it must stop that sync, naming a router bias (the stream differs from what the actor's own
+  shards predict). With the check switched off (``R1_ASCEND_DISABLE=verl_weight_sync_check``), either the rollout
   guard stops the run (the drift moved enough tokens to other experts to show in the log-probs) or the run finishes
   and "the engine follows" must fail, naming the update the stale sync followed. The drift per step (how far the
-  actor's bias moved while the engine kept the old one) is reported either way.
+  actor's bias moved while the engine kept the old one) is reported for the steps that ran.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from r1_ascend.rehearse.config import FAULT_BATCH, Plan
 from r1_ascend.rehearse.faults import MOE_FAULTS, FaultError
 from r1_ascend.rehearse.lifecycle import read_lifecycle
 from r1_ascend.rehearse.progress import log_progress, read_log
+from r1_ascend.rehearse.rollout_fault_run import CHECKED, weight_check_on
 from r1_ascend.rehearse.session import Session
 
 #: Layer (checkpoint index) and expert the dead-expert fault kills: the smoke model's second MoE layer.
@@ -61,12 +64,19 @@ def plan_for(name: str, base: Plan) -> Plan:
 
 def bias_drift(events: Sequence[Mapping[str, Any]]) -> list[dict[str, object]]:
     """Per actor update: the largest |engine - actor| expert bias at the syncs after it (the verdict's comparison,
-    without its limit)."""
-    return expert_checks.check_engine_follows(events, tolerance=math.inf)
+    without its limit); none when no sync followed an update (a run stopped at its second sync)."""
+    try:
+        return expert_checks.check_engine_follows(events, tolerance=math.inf)
+    except expert_checks.ExpertLoadError:
+        return []
 
 
-def judge_moe_fault(name: str, code: int, text: str, events: Sequence[Mapping[str, Any]], log: Path) -> dict:
-    """The fault was caught and named: by the rollout guard (stale-bias only) or by the expert verdicts."""
+def judge_moe_fault(
+    name: str, code: int, text: str, events: Sequence[Mapping[str, Any]], log: Path, *, weight_check: bool = True
+) -> dict:
+    """The fault was caught and named. ``stale-bias``: by the weight-sync check at its sync when ``weight_check`` is
+    on, else by the rollout guard or the expert verdicts; ``dead-expert`` (the actor's own weights, synced exactly):
+    by the expert verdicts."""
     stopped = GUARD_STOP.search(text)
     seen: dict[str, object] = {"name": name, "exit_code": code}
     if name == "stale-bias":
@@ -77,6 +87,8 @@ def judge_moe_fault(name: str, code: int, text: str, events: Sequence[Mapping[st
             }
             for d in bias_drift(events)
         ]
+    if name == "stale-bias" and weight_check:
+        return {**seen, **_judge_weight_check_stop(code, text, log)}
     if code != 0:
         if name == "stale-bias" and stopped:
             return {**seen, "caught_by": "rollout guard", "step": int(stopped.group(1)), "message": stopped.group(0)}
@@ -94,6 +106,23 @@ def judge_moe_fault(name: str, code: int, text: str, events: Sequence[Mapping[st
     raise FaultError(f"the planted {name} passed every expert verdict: the rehearsal cannot see it; log: {log}")
 
 
+def _judge_weight_check_stop(code: int, text: str, log: Path) -> dict[str, object]:
+    checked = CHECKED.search(text)
+    if code == 0 or checked is None:
+        raise FaultError(
+            f"the weight-sync check did not stop the stale-bias run (exit code {code}, no 'weight sync N is wrong' "
+            f"error); it must stop weight sync {STALE_FROM_SYNC}; log: {log}"
+        )
+    sync, tensor = int(checked.group(1)), checked.group(5)
+    if sync != STALE_FROM_SYNC or not tensor.endswith("e_score_correction_bias"):
+        raise FaultError(
+            f"the weight-sync check stopped weight sync {sync} naming {tensor}; the stale bias was planted from sync "
+            f"{STALE_FROM_SYNC} into the routers' e_score_correction_bias; log: {log}"
+        )
+    line = text[checked.start() :].split("\n", 1)[0]
+    return {"caught_by": "weight-sync check", "sync": sync, "named": tensor, "message": line[:600]}
+
+
 def drive(session: Session, name: str) -> int:
     """Let the short run finish (the fault breaks nothing): its exit code."""
     try:
@@ -106,6 +135,7 @@ def drive(session: Session, name: str) -> int:
 
 def judge(session: Session, code: int, name: str) -> dict[str, object]:
     log = session.logs[0]
-    outcome = judge_moe_fault(name, code, read_log(log), read_lifecycle(session.out / "lifecycle"), log)
+    events = read_lifecycle(session.out / "lifecycle")
+    outcome = judge_moe_fault(name, code, read_log(log), events, log, weight_check=weight_check_on())
     log_progress(f"{name}: caught by the {outcome['caught_by']}: {str(outcome['message'])[:300]}")
     return {"fault": outcome}

@@ -68,12 +68,15 @@ def is_engine_config_fault(name: str) -> bool:
     return rollout_faults.get(name).engine_overrides is not None
 
 
+def weight_check_on() -> bool:
+    """Whether the weight-sync check runs in the rehearsal's run (it hands its ``R1_ASCEND_DISABLE`` to the run)."""
+    return WEIGHT_CHECK not in envs.disabled_patch_names() and not envs.disable_all()
+
+
 def weight_checked(name: str) -> bool:
     """Whether the weight-sync check is the mechanism that must stop ``name``: a fault of the weights (not of the
-    engine's configuration or sampler), with the check switched on in this process's environment (the rehearsal
-    hands its ``R1_ASCEND_DISABLE`` to the run)."""
-    fault = rollout_faults.get(name)
-    return fault.where != "config" and WEIGHT_CHECK not in envs.disabled_patch_names() and not envs.disable_all()
+    engine's configuration or sampler), with the check switched on."""
+    return rollout_faults.get(name).where != "config" and weight_check_on()
 
 
 def fault_step(name: str) -> int:
