@@ -47,6 +47,13 @@ launch/shared_dir|src/r1_ascend/launch/shared_dir.py|tests/launch/test_shared_di
 launch/output_dir|src/r1_ascend/launch/output_dir.py|tests/launch/test_output_dir.py|
 checkout|src/r1_ascend/checkout.py|tests/test_checkout.py|
 recipe/reward_file|recipe/reward_file.py|tests/recipe/test_reward_file.py|
+rules/weight_fingerprint|patches/rules/weight_fingerprint.py|tests/patches/test_weight_fingerprint_rules.py tests/patches/test_verl_weight_sync_check.py|
+rules/mcore_mapping|patches/rules/mcore_mapping.py|tests/patches/test_verl_weight_sync_check.py tests/weights/test_megatron.py tests/weights/test_to_hf.py|
+impl/weight_ownership|patches/impl/weight_ownership.py|tests/patches/test_weight_ownership.py tests/patches/test_weight_fingerprint_rules.py tests/patches/test_verl_weight_sync_check.py|
+evaluate/metrics|src/r1_ascend/evaluate/metrics.py|tests/evaluate/test_metrics.py tests/evaluate/test_tables.py|
+evaluate/scoring|src/r1_ascend/evaluate/scoring.py|tests/evaluate/test_scoring.py tests/evaluate/test_tables.py tests/report/test_evaluation.py|
+evaluate/problems|src/r1_ascend/evaluate/problems.py|tests/evaluate/test_problems.py tests/evaluate/test_prompts.py tests/evaluate/test_scoring.py|
+rehearse/moe_fault_run|src/r1_ascend/rehearse/moe_fault_run.py|tests/launch/test_rehearse_moe_faults.py|judge_moe_fault|bias_drift|judge_weight_check_stop|plan_for
 report/compare|src/r1_ascend/report/compare.py|tests/report/test_compare.py tests/report/test_compare_stages.py tests/report/test_compare_boundaries.py|
 "
 

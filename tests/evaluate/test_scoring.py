@@ -94,3 +94,24 @@ def test_the_call_has_verls_keywords_and_values() -> None:
     assert call["solution_str"] == "anything"
     assert call["ground_truth"] == "5"
     assert set(call["extra_info"]) == {"index", "split"} | added
+
+
+def test_a_bare_float_reward_and_a_dict_without_acc_are_read_as_verl_reads_them() -> None:
+    """verl accepts a float from compute_score, and a dict whose accuracy is only its ``score``."""
+    text = boxed("5")
+    for value, correct in ((1.0, True), (0.0, False)):
+        result = score_sample(PROBLEM, 4, Completion(text, STOP, 9), lambda value=value, **_: value)
+        assert result.reward == {"score": value, "acc": value}
+        assert (result.sample, result.response, result.correct) == (4, text, correct)
+        assert result.reason == ("" if correct else "wrong_answer")
+    only_score = score_sample(PROBLEM, 0, Completion(text, STOP, 9), lambda **_: {"score": 1.0})
+    assert only_score.correct
+    neither = score_sample(PROBLEM, 0, Completion(text, STOP, 9), lambda **_: {"fail_reason": ""})
+    assert (neither.correct, neither.reason) == (False, "wrong_answer")
+    rejected = score_sample(PROBLEM, 0, Completion(text, STOP, 9), lambda **_: {"acc": 0.0, "score": 1.0})
+    assert (rejected.correct, rejected.reason) == (False, "wrong_answer"), "acc decides when present"
+
+
+def test_a_malformed_rows_samples_have_no_response() -> None:
+    bad = Problem("amc", 0, "val.parquet:7", None, "5", malformed="no prompt")
+    assert [r.response for r in malformed_samples(bad, 2)] == ["", ""]

@@ -1,7 +1,10 @@
 """``r1-ascend rehearse --fault dead-expert | stale-bias``: MoE faults the expert verdicts must catch.
 
 The fast tests feed the fault run's judge recorded runs (caught, missed, caught without naming the fault); the slow
-ones plant each fault in the real run.
+ones plant each fault in the real run. ``stale-bias`` runs there with the weight-sync check off, so that the
+rehearsal's own bias check is what must catch it: the check's stop of a sync in verl's loop is proven once by
+test_rehearse_rollout_fault.py, and of this fault at the model level, in seeds 0-4, by
+tests/model/test_weight_sync_check.py.
 """
 
 from __future__ import annotations
@@ -160,15 +163,6 @@ def test_a_dead_expert_fails_the_rehearsal_naming_layer_and_expert(tmp_path: Pat
 
 
 @pytest.mark.slow
-def test_a_stale_bias_is_stopped_by_the_weight_check_at_its_sync(tmp_path: Path, weights: Path, rehearse) -> None:
-    done, summary = _rehearse(rehearse, tmp_path, weights, "stale-bias")
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    fault = summary["fault"]
-    assert (fault["caught_by"], fault["sync"]) == ("weight-sync check", moe.STALE_FROM_SYNC)
-    assert fault["named"].endswith("mlp.gate.e_score_correction_bias")
-
-
-@pytest.mark.slow
 def test_with_the_weight_check_off_a_stale_bias_fails_the_rehearsals_own_checks(
     tmp_path: Path, weights: Path, rehearse, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -181,3 +175,52 @@ def test_with_the_weight_check_off_a_stale_bias_fails_the_rehearsals_own_checks(
     drift = [d["engine_vs_actor"] for d in fault["bias_drift_per_step"]]
     assert drift
     assert all(d > 0 for d in drift)
+
+
+def test_the_plans_save_the_last_step_validate_never_and_use_the_fault_batch() -> None:
+    from r1_ascend.rehearse.config import FAULT_BATCH
+
+    for name in moe.MOE_FAULTS:
+        plan = moe.plan_for(name, Plan())
+        assert (plan.save_freq, plan.test_freq) == (moe.STEPS, moe.STEPS + 1)
+        assert all(getattr(plan, key) == value for key, value in FAULT_BATCH.items())
+    with pytest.raises(ValueError, match=r"known: dead-expert, stale-bias$"):
+        moe.plan_for("hang", Plan())
+
+
+def test_the_outcome_names_the_fault_and_its_exit_code(tmp_path: Path) -> None:
+    outcome = moe.judge_moe_fault("dead-expert", 0, "", records(dead=True), tmp_path / "run1.log")
+    assert (outcome["name"], outcome["exit_code"]) == ("dead-expert", 0)
+    line = "rollout guard: at training step 3 the rollout disagrees: beyond the stop level: rollout_guard/x = 1; over"
+    guard = moe.judge_moe_fault("stale-bias", 1, line, records(stale=True), tmp_path / "r.log", weight_check=False)
+    assert (guard["name"], guard["exit_code"], guard["message"]) == ("stale-bias", 1, line)
+    slow = [{"t": 1, "pid": 7, "event": "x"}]
+    assert moe.bias_drift(slow) == [], "no sync after an update: no drift, not an error"
+
+
+def test_the_drift_is_rounded_to_five_digits(tmp_path: Path) -> None:
+    events = records(stale=True)
+    for event in events:
+        if event["event"] == "expert_load":
+            event["bias"] = {k: [b + 1.234567e-6 for b in v] for k, v in event["bias"].items()}
+    outcome = moe.judge_moe_fault("stale-bias", 0, "", events, tmp_path / "r.log", weight_check=False)
+    drift = [d["engine_vs_actor"] for d in outcome["bias_drift_per_step"]]
+    assert drift == [0.01, 0.02], "the raw drift is 0.0100012..., 0.0200012..."
+
+
+def test_a_dead_expert_run_the_guard_stopped_is_not_its_catch(tmp_path: Path) -> None:
+    """The guard is a stale-bias catch only: a dead expert is the actor's own weights, which the guard compares with."""
+    line = "rollout guard: at training step 3 the rollout disagrees: beyond the stop level: rollout_guard/x = 1; over"
+    with pytest.raises(FaultError, match="not by a check naming it"):
+        moe.judge_moe_fault("dead-expert", 1, line, records(dead=True), tmp_path / "run1.log")
+
+
+def test_the_weight_check_stop_keeps_one_line_of_at_most_600_characters_and_names_the_log(tmp_path: Path) -> None:
+    bias = f"model.layers.{LAYER}.mlp.gate.e_score_correction_bias"
+    text = _check_stop(moe.STALE_FROM_SYNC, bias) + "\nthird line"
+    outcome = moe.judge_moe_fault("stale-bias", 1, text, [], tmp_path / "r.log")
+    assert outcome["message"].endswith("expected proj 0.1")
+    long = text.replace("expected proj 0.1", "expected proj 0.1" + "x" * 700)
+    assert len(moe.judge_moe_fault("stale-bias", 1, long, [], tmp_path / "r.log")["message"]) == 600
+    with pytest.raises(FaultError, match=str(tmp_path / "r.log")):
+        moe.judge_moe_fault("stale-bias", 1, _check_stop(3, bias), [], tmp_path / "r.log")
