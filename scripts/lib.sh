@@ -32,14 +32,20 @@ require_override() {
         die "'$1' is not a Hydra override; give key=value (a key the config has), +key=value (a new key) or ~key"
 }
 
-# process_start PID: the kernel's start time of PID (clock ticks since boot), or nothing when PID is not running.
+# process_start PID: the kernel's start time of PID (clock ticks since boot), or nothing when PID is not running. A
+# zombie (ended, not yet reaped by its parent) is not running: it holds nothing, and where nothing reaps orphans (a
+# container whose PID 1 does not, a parent that became a subreaper) it stays one for good, so `kill -0` never fails.
 process_start() {
     local stat
     stat="$(cat "/proc/$1/stat" 2>/dev/null)" || return 0
     stat="${stat##*) }"  # the command name may hold spaces; the fields after it do not
     read -r -a fields <<< "${stat}"
+    [[ "${fields[0]}" != Z ]] || return 0  # field 3, the state
     echo "${fields[19]}"  # field 22 of /proc/PID/stat, the 20th after the name
 }
+
+# running PID: PID is a process that has not ended (see process_start: a zombie has).
+running() { [[ "$1" =~ ^[0-9]+$ && -n "$(process_start "$1")" ]]; }
 
 # record_process FILE PID: write PID and its start time to FILE, so a recycled PID is never taken for it.
 record_process() { echo "$2 $(process_start "$2")" > "$1"; }

@@ -101,15 +101,15 @@ stop_recorded() {
         [[ -e "${pidfile}" ]] || continue
         pid="$(cat "${pidfile}")"
         session="$(cat "${pidfile%.pid}.tempdir" 2>/dev/null || true)"
-        if kill -0 "${pid}" 2>/dev/null; then
+        if running "${pid}"; then
             log "stopping ray start --block (pid ${pid}); it stops the Ray processes it started"
             kill -TERM "${pid}" 2>/dev/null || true
             # up to 30 s, asked every 0.2 s: it usually ends within a second, and each rehearsal stops two nodes
             for _ in $(seq 1 150); do
-                kill -0 "${pid}" 2>/dev/null || break
+                running "${pid}" || break
                 sleep 0.2
             done
-            kill -0 "${pid}" 2>/dev/null && kill -KILL "${pid}" 2>/dev/null || true
+            running "${pid}" && kill -KILL "${pid}" 2>/dev/null || true
         fi
         # Ray processes of that start that outlived it: only ours (same user) and only under its private temp dir.
         if [[ -n "${session}" ]]; then
@@ -211,7 +211,7 @@ ray_log="${run_dir}/ray-${role}-${node_ip}.log"
 # --- what runs here already ---------------------------------------------------------------------------------------
 ray_alive=0
 previous_gone=0
-if [[ -e "${pidfile}" ]] && kill -0 "$(cat "${pidfile}")" 2>/dev/null; then
+if [[ -e "${pidfile}" ]] && running "$(cat "${pidfile}")"; then
     ray_alive=1
     if [[ "${action}" == start ]] && (( ! dry_run )); then
         die "Ray is already running from this script on this node (pid $(cat "${pidfile}")). To relaunch the run on" \
@@ -335,11 +335,11 @@ if [[ "${role}" == head ]]; then
                     head_started=1
                     break
                 fi
-                kill -0 "$(cat "${pidfile}")" 2>/dev/null || break
+                running "$(cat "${pidfile}")" || break
                 sleep 0.2
             done
             (( head_started )) && break
-            if kill -0 "$(cat "${pidfile}")" 2>/dev/null; then
+            if running "$(cat "${pidfile}")"; then
                 die "the Ray head did not start within ${head_start_timeout} s; see ${ray_log}"
             fi
             log "ray start --head (attempt ${head_attempt} of ${head_attempts}) exited; the end of ${ray_log}:" >&2
@@ -412,7 +412,7 @@ while :; do
     pid="$(cat "${pidfile}")"
     kill -TERM "${pid}" 2>/dev/null || true
     for _ in $(seq 1 20); do
-        kill -0 "${pid}" 2>/dev/null || break
+        running "${pid}" || break
         sleep 1
     done
     stop_left_of_start "${pidfile}"

@@ -158,3 +158,39 @@ def test_a_worker_still_joined_says_so_and_does_nothing_else(node):
     assert "restart: this worker is still joined to 127.0.0.2:6766" in restart.stdout
     assert not calls(node.tmp, "r1_ascend.recipe.main_grpo"), "a worker never launches the training"
     node("stop", **env)
+
+
+def _zombie() -> tuple[subprocess.Popen[bytes], str]:
+    """A child of this process that ended and is not reaped (what an orphan stays where nothing reaps it), and the
+    start time it had (field 22 of /proc/PID/stat), read while it ran."""
+    child = subprocess.Popen(["sleep", "60"])
+    started = Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    os.kill(child.pid, 9)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        assert time.monotonic() < deadline, "the killed child did not become a zombie"
+        time.sleep(0.01)
+    return child, started
+
+
+def test_stop_takes_an_ended_ray_start_and_driver_nobody_reaped_as_ended(node):
+    """Where nothing reaps orphans (a container whose PID 1 does not, a parent that became a subreaper), an ended
+    ``ray start`` or driver stays a zombie and ``kill -0`` still finds it: stop must not wait 30 s for each."""
+    ray, _ = _zombie()
+    driver, started = _zombie()
+    run_dir = node.tmp / "run"
+    run_dir.mkdir()
+    (run_dir / "ray-head-127.0.0.2.pid").write_text(f"{ray.pid}\n")
+    (run_dir / "driver.pid").write_text(f"{driver.pid} {started}\n")
+    began = time.monotonic()
+    stopped = node("stop")
+    took = time.monotonic() - began
+    try:
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert "stopping the run's driver" not in stopped.stdout, "an ended driver is not stopped again"
+        assert f"stopping ray start --block (pid {ray.pid})" not in stopped.stdout
+        assert took < 10, f"stop waited {took:.1f} s on processes that had ended"
+        assert not list(run_dir.glob("*.pid")), "the records of ended processes are removed"
+    finally:
+        ray.wait()
+        driver.wait()

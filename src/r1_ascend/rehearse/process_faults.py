@@ -66,7 +66,7 @@ class RunScope:
 
 #: Seconds within which a hang must be stopped: nothing dies, so only the watchdog can stop it, once a worker has been
 #: silent for ``silence_s`` (the next poll, a probe of at most 5 s, then the job's processes end: 43 s measured on the
-#: 2-core machine, loaded or not). The hang with the watchdog off must still run this long after the fault.
+#: 2-core machine, loaded or not).
 HANG_STOP_BOUND_S = float(WATCHDOG["silence_s"]) + 45.0
 
 
