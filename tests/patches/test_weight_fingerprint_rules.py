@@ -197,3 +197,15 @@ def test_a_region_too_large_for_a_bound_is_refused() -> None:
     assert fp.depth((7168,)) == 7168, "7167 additions along the columns and the multiplication by a"
     assert fp.depth((2048, 7168)) == 7167 + 1 + 2047
     assert fp.depth((4, 3, 7)) == 6 + 1 + 11, "all leading axes are rows"
+
+
+def test_a_mismatch_names_both_fingerprints_figure_by_figure() -> None:
+    """The message a WeightSyncError carries: each of the six figures in its place, and the projection's offset."""
+    diff = fp.Difference(
+        expected=(1.5, 20.25, 7), found=(4.0, 30.5, 11), abs_total=99.0, bound_proj=0.125, bound_total=0.0625
+    )
+    assert not diff.matches
+    assert diff.describe() == (
+        "fingerprint expected proj 1.5, total 20.25, checksum 7; found proj 4 (differs by 2.5, bound 0.125), "
+        "total 30.5 (bound 0.0625), checksum 11"
+    )
