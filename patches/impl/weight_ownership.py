@@ -130,7 +130,7 @@ def block(shape: tuple[int, ...], axis: int, index: int, parts: int, limit: int 
             return None
     if len(shape) == 1:
         return Region(None, (low, high))
-    full = whole(shape if limit is None else (limit, shape[1]))
+    full = whole(shape)  # the other axis whole (and only 1-D and 2-D tensors)
     if axis == 0:
         return Region((low, high), full.cols)
     return Region(full.rows, (low, high))

@@ -66,3 +66,48 @@ def test_the_forward_contexts_mla_layers_are_found_by_their_layer() -> None:
     assert rule.mla_context(context) == {3: impl}
     assert rule.layer_of("model.layers.12.mlp.experts.w13_weight") == 12
     assert rule.layer_of("lm_head.weight") is None
+
+
+def test_a_block_is_whole_along_the_other_axis_in_integer_bounds() -> None:
+    x = torch.arange(8 * 4).view(8, 4)
+    assert rule.block((8, 4), 1, 1, 2) == rule.Region((0, 8), (2, 4))
+    assert rule.block((8, 4), 0, 1, 2) == rule.Region((4, 8), (0, 4))
+    assert torch.equal(rule.block((8, 4), 0, 1, 2).of(x), x[4:])  # integer bounds: a float one cannot slice
+    assert rule.block((8,), 0, 1, 2) == rule.Region(None, (4, 8))
+    assert torch.equal(rule.block((8,), 0, 1, 2).of(torch.arange(8)), torch.arange(4, 8))
+    # a padded vocabulary of 128 real rows in blocks of 64: the third block is all padding, so no rank holds it
+    assert rule.block((64, 16), 0, 1, 3, limit=128) == rule.Region((64, 128), (0, 16))
+    assert rule.block((64, 16), 0, 2, 3, limit=128) is None
+
+
+def test_a_region_describes_its_rows_columns_and_heads() -> None:
+    assert rule.Region(None, (3, 9)).describe() == "cols 3:9"
+    assert rule.Region((2, 7), (1, 5)).describe() == "rows 2:7, cols 1:5"
+    grouped = rule.Region((12, 36), (0, 5), period=6, take=(0, 4))
+    assert grouped.describe() == "rows 12:36 (of every 6, 0:4), cols 0:5"
+
+
+def test_two_shares_of_one_tensor_on_a_rank_are_refused_naming_both() -> None:
+    region = rule.Region((0, 4), (0, 4))
+    slots = [
+        rule.Slot("w", region, engine, lambda _: torch.zeros(4, 4), torch.float32)
+        for engine in ("a.weight", "b.weight")
+    ]
+    derived = rule.Slot("w", region, "c", lambda _: torch.zeros(4, 4), torch.float32, primary=False)
+    ownership = rule.Ownership([slots[0], derived], {}, {}, [])
+    assert ownership.primary("w") is slots[0]
+    assert ownership.primary("other") is None
+    ownership.slots.append(slots[1])
+    with pytest.raises(rule.OwnershipError) as refused:
+        ownership.primary("w")
+    assert str(refused.value) == "w: the rule gives this rank 2 shares of it (['a.weight', 'b.weight']); expected one"
+
+
+def test_a_moe_layer_without_an_expert_map_holds_every_expert_in_its_own_slot() -> None:
+    """vLLM sets no ``expert_map`` attribute at all on some layers (EP 1): read as the identity."""
+    layer = types.SimpleNamespace(global_num_experts=3)
+    assert rule.expert_map_problems("m", layer, {0: 0, 1: 1, 2: 2}) == []
+    assert rule.expert_map_problems("m", layer, {0: 0, 1: 2, 2: 1}) == [
+        "m routes expert 1 to slot 1, the rule to 2",
+        "m routes expert 2 to slot 2, the rule to 1",
+    ]
