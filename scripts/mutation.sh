@@ -48,7 +48,7 @@ launch/output_dir|src/r1_ascend/launch/output_dir.py|tests/launch/test_output_di
 checkout|src/r1_ascend/checkout.py|tests/test_checkout.py|
 recipe/reward_file|recipe/reward_file.py|tests/recipe/test_reward_file.py|
 rules/weight_fingerprint|patches/rules/weight_fingerprint.py|tests/patches/test_weight_fingerprint_rules.py tests/patches/test_verl_weight_sync_check.py|
-rules/mcore_mapping|patches/rules/mcore_mapping.py|tests/patches/test_verl_weight_sync_check.py tests/weights/test_megatron.py tests/weights/test_to_hf.py|
+rules/mcore_mapping|patches/rules/mcore_mapping.py|tests/patches/test_mcore_mapping_rules.py tests/patches/test_verl_weight_sync_check.py tests/weights/test_megatron.py tests/weights/test_to_hf.py|
 impl/weight_ownership|patches/impl/weight_ownership.py|tests/patches/test_weight_ownership.py tests/patches/test_weight_fingerprint_rules.py tests/patches/test_verl_weight_sync_check.py|
 evaluate/metrics|src/r1_ascend/evaluate/metrics.py|tests/evaluate/test_metrics.py tests/evaluate/test_tables.py|
 evaluate/scoring|src/r1_ascend/evaluate/scoring.py|tests/evaluate/test_scoring.py tests/evaluate/test_tables.py tests/report/test_evaluation.py|
