@@ -12,11 +12,13 @@ PID records, the restart rules — is the shipped code. Ray itself is in test_ra
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import textwrap
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -165,9 +167,9 @@ def _zombie() -> tuple[subprocess.Popen[bytes], str]:
     start time it had (field 22 of /proc/PID/stat), read while it ran."""
     child = subprocess.Popen(["sleep", "60"])
     started = Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    os.kill(child.pid, 9)
+    os.kill(child.pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+    while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:
         assert time.monotonic() < deadline, "the killed child did not become a zombie"
         time.sleep(0.01)
     return child, started
